@@ -1,0 +1,83 @@
+"""The one place where errors become HTTP status codes and the one error body format."""
+
+from __future__ import annotations
+
+import logging
+
+import orjson
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from preprocess.errors import (
+    InternalError,
+    InvalidRequestError,
+    MethodNotAllowedError,
+    ModelNotFoundError,
+    NotAcceptableError,
+    NotReadyError,
+    PayloadTooLargeError,
+    RouteNotFoundError,
+    ServiceError,
+    UnsupportedMediaTypeError,
+)
+
+log = logging.getLogger("textserve.errors")
+
+# Most specific class first: lookup walks the exception's MRO.
+STATUS_BY_ERROR: dict[type[ServiceError], int] = {
+    UnsupportedMediaTypeError: 415,
+    PayloadTooLargeError: 413,
+    NotAcceptableError: 406,
+    MethodNotAllowedError: 405,
+    InvalidRequestError: 400,
+    ModelNotFoundError: 404,
+    RouteNotFoundError: 404,
+    NotReadyError: 503,
+    InternalError: 500,
+    ServiceError: 500,
+}
+
+
+def status_of(error: ServiceError) -> int:
+    for cls in type(error).__mro__:
+        if cls in STATUS_BY_ERROR:
+            return STATUS_BY_ERROR[cls]
+    return 500
+
+
+def as_service_error(exc: BaseException) -> ServiceError:
+    """Unwrap errors raised in another deployment (Ray wraps them) into the service's taxonomy."""
+    cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError keeps the original here
+    if isinstance(cause, ServiceError):
+        return cause
+    if isinstance(exc, ServiceError):
+        return exc
+    log.exception("internal error while serving a request", exc_info=exc)
+    return InternalError("internal error while serving the request; it has been logged")
+
+
+def error_response(error: ServiceError, headers: dict[str, str] | None = None) -> Response:
+    body = {"error": {"message": error.message, "type": error.type, "code": error.code}}
+    if error.param:
+        body["error"]["param"] = error.param
+    extra = dict(headers or {})
+    if isinstance(error, NotReadyError):
+        extra.setdefault("Retry-After", "1")
+    return Response(
+        orjson.dumps(body), status_code=status_of(error), media_type="application/json", headers=extra
+    )
+
+
+async def handle_service_error(_: Request, exc: Exception) -> Response:
+    return error_response(as_service_error(exc))
+
+
+async def handle_http_exception(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 404:
+        return error_response(RouteNotFoundError("no such route"))
+    if exc.status_code == 405:
+        return error_response(MethodNotAllowedError("method not allowed on this route"), exc.headers)
+    err = InvalidRequestError(str(exc.detail)) if exc.status_code < 500 else InternalError(str(exc.detail))
+    return error_response(err)

@@ -1,0 +1,164 @@
+"""The HTTP ingress: parse and validate, chain the stages without awaiting in between, answer.
+
+Errors from any stage arrive here and are turned into HTTP responses by ``http_errors`` only.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
+import asyncio
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from deployments.config import LimitsConfig
+from deployments.http_errors import (
+    as_service_error,
+    error_response,
+    handle_http_exception,
+    handle_service_error,
+)
+from deployments.manifest import ResolvedModel
+from postprocess.contracts import ResponseOptions
+from postprocess.render import negotiate_media_type, render
+from preprocess.errors import (
+    InvalidRequestError,
+    NotReadyError,
+    PayloadTooLargeError,
+    ServiceError,
+    UnsupportedTaskError,
+)
+from preprocess.parsing import check_dimensions, check_input_count, check_model_name, parse_body
+from preprocess.schemas import EmbeddingsRequest, PredictRequest
+
+HEALTH_TIMEOUT_S = 5.0
+log = logging.getLogger("ray.serve")
+
+
+def _body_doc(schema: type) -> dict[str, Any]:
+    # The body is parsed by hand (for size limits and one error format) but documented in OpenAPI.
+    json_schema = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
+
+
+api = FastAPI(title="textserve", version="0.1.0", description="Embeddings and text classification.")
+api.add_exception_handler(ServiceError, handle_service_error)
+api.add_exception_handler(StarletteHTTPException, handle_http_exception)
+api.add_exception_handler(Exception, handle_service_error)
+
+
+@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=256)
+@serve.ingress(api)
+class Ingress:
+    def __init__(
+        self,
+        tokenizer: DeploymentHandle,
+        inference: DeploymentHandle,
+        serializer: DeploymentHandle,
+        model: ResolvedModel,
+        limits: LimitsConfig,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._inference = inference
+        self._serializer = serializer
+        self._manifest = model.manifest
+        self._limits = limits
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self._limits.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None:
+            if not declared.isdigit():
+                raise InvalidRequestError("Content-Length header is not a number")
+            if int(declared) > limit:
+                raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _run(self, texts: list[str], truncate: bool, options: ResponseOptions) -> Response:
+        check_input_count(texts, self._limits.max_inputs_per_request)
+        # Chained DeploymentResponses: Ray passes each result on without a round-trip through here.
+        encoded = self._tokenizer.encode.remote(texts, truncate)
+        output = self._inference.infer.remote(encoded)
+        serialized = self._serializer.serialize.remote(output, options)
+        try:
+            result = await serialized
+        except Exception as exc:  # errors of any stage, wrapped by Ray
+            return error_response(as_service_error(exc))
+        return Response(
+            result.body, media_type=result.media_type, headers={"X-Model-Version": result.model_version}
+        )
+
+    @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI-compatible embeddings."""
+        body = parse_body(
+            await self._read_body(request), request.headers.get("content-type"), EmbeddingsRequest
+        )
+        m = self._manifest
+        check_model_name(body.model, m.name, m.version)
+        if m.task != "embed":
+            raise UnsupportedTaskError(f"model {m.name!r} is a {m.task} model: use POST /predict", "model")
+        check_dimensions(body.dimensions, m.output.dimension or 0)
+        options = ResponseOptions(
+            route="embeddings",
+            media_type=negotiate_media_type(request.headers.get("accept")),
+            encoding_format=body.encoding_format,
+            dimensions=body.dimensions,
+        )
+        return await self._run(body.texts, body.truncate, options)
+
+    @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
+    async def predict(self, request: Request) -> Response:
+        """Embeddings or class labels, by the served model's task."""
+        body = parse_body(await self._read_body(request), request.headers.get("content-type"), PredictRequest)
+        check_model_name(body.model, self._manifest.name, self._manifest.version)
+        options = ResponseOptions(
+            route="predict", media_type=negotiate_media_type(request.headers.get("accept"))
+        )
+        return await self._run(body.inputs, body.truncate, options)
+
+    @api.get("/v1/models")
+    async def models(self) -> Response:
+        m = self._manifest
+        entry: dict[str, Any] = {
+            "id": m.name,
+            "object": "model",
+            "owned_by": "textserve",
+            "version": m.version,
+            "task": m.task,
+            "max_tokens": m.input.max_tokens,
+        }
+        if m.task == "embed":
+            entry["dimension"] = m.output.dimension
+        else:
+            entry["labels"] = list(m.output.labels or ())
+        return Response(
+            render({"object": "list", "data": [entry]}, "application/json"), media_type="application/json"
+        )
+
+    @api.get("/healthz")
+    async def healthz(self) -> Response:
+        """200 once an inference replica has loaded and warmed up its model, 503 before."""
+        probe = self._inference.ready.remote()
+
+        async def wait_ready() -> Any:
+            return await probe
+
+        try:
+            identity = await asyncio.wait_for(wait_ready(), HEALTH_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("health probe failed: %r", exc)
+            probe.cancel()
+            return error_response(NotReadyError("model is not loaded yet"))
+        body = {"status": "ready", "model": identity.name, "version": identity.version}
+        return Response(render(body, "application/json"), media_type="application/json")

@@ -1,0 +1,1 @@
+"""Response-side stage code: payload building and serialization. Pure Python, no Ray or web framework."""

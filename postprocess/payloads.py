@@ -1,0 +1,88 @@
+"""Build response payloads (plain dicts holding numpy rows) from model outputs."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+
+from postprocess.contracts import ModelOutput, ResponseOptions
+from preprocess.errors import InvalidRequestError, UnsupportedTaskError
+
+
+def shorten_embeddings(values: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """Keep the first ``dimensions`` components and L2-normalize again (OpenAI's ``dimensions``)."""
+    if dimensions is None or dimensions == values.shape[1]:
+        return values
+    if not 1 <= dimensions <= values.shape[1]:
+        raise InvalidRequestError(
+            f"dimensions must be between 1 and {values.shape[1]}, got {dimensions}", "dimensions"
+        )
+    cut = values[:, :dimensions]
+    norms = np.linalg.norm(cut, axis=1, keepdims=True)
+    return (cut / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+def round_floats(values: np.ndarray, decimals: int | None) -> np.ndarray:
+    return values if decimals is None else np.round(values, decimals)
+
+
+def encode_rows(values: np.ndarray, encoding_format: str, decimals: int | None) -> list[Any]:
+    """One entry per row: a float32 row (serialized natively) or base64 of little-endian float32."""
+    if encoding_format == "base64":
+        raw = np.ascontiguousarray(values, dtype="<f4")
+        return [base64.b64encode(row.tobytes()).decode("ascii") for row in raw]
+    return list(round_floats(values, decimals))
+
+
+def usage(output: ModelOutput) -> dict[str, int]:
+    return {"prompt_tokens": output.token_count, "total_tokens": output.token_count}
+
+
+def embeddings_payload(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> dict[str, Any]:
+    """OpenAI ``/v1/embeddings`` response body."""
+    if output.task != "embed":
+        raise UnsupportedTaskError(
+            f"model {output.model.name!r} is a {output.task} model and returns no embeddings; "
+            "use POST /predict"
+        )
+    rows = encode_rows(
+        shorten_embeddings(output.values, options.dimensions), options.encoding_format, decimals
+    )
+    return {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+        "model": output.model.name,
+        "model_version": output.model.version,
+        "usage": usage(output),
+    }
+
+
+def classification_rows(
+    probs: np.ndarray, labels: tuple[str, ...], decimals: int | None
+) -> list[list[dict[str, Any]]]:
+    """Per input, every label with its probability, most likely first."""
+    order = np.argsort(-probs, axis=1, kind="stable")
+    scores = round_floats(probs, decimals).tolist()
+    return [
+        [{"label": labels[j], "score": row_scores[j]} for j in row_order]
+        for row_order, row_scores in zip(order.tolist(), scores, strict=True)
+    ]
+
+
+def predict_payload(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> dict[str, Any]:
+    """``/predict`` response body: embeddings or label lists, always with the model version."""
+    body: dict[str, Any] = {
+        "model": output.model.name,
+        "version": output.model.version,
+        "task": output.task,
+    }
+    if output.task == "embed":
+        body["embeddings"] = encode_rows(output.values, options.encoding_format, decimals)
+    else:
+        body["predictions"] = classification_rows(output.values, output.labels, decimals)
+    body["usage"] = usage(output)
+    if output.truncated:
+        body["truncated_inputs"] = output.truncated
+    return body

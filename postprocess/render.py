@@ -1,0 +1,45 @@
+"""Serialize payloads to bytes: orjson for JSON, ormsgpack for MessagePack (both handle numpy natively)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import ormsgpack
+
+from postprocess.contracts import (
+    JSON,
+    MSGPACK,
+    MediaType,
+    ModelOutput,
+    ResponseOptions,
+    SerializedResponse,
+)
+from postprocess.payloads import embeddings_payload, predict_payload
+
+_ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+_MSGPACK_OPTS = ormsgpack.OPT_SERIALIZE_NUMPY
+
+
+def render(payload: dict[str, Any], media_type: MediaType) -> bytes:
+    if media_type == MSGPACK:
+        return ormsgpack.packb(payload, option=_MSGPACK_OPTS)
+    return orjson.dumps(payload, option=_ORJSON_OPTS)
+
+
+def serialize(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> SerializedResponse:
+    """The serializer stage: model output + client options -> response bytes."""
+    build = embeddings_payload if options.route == "embeddings" else predict_payload
+    payload = build(output, options, decimals)
+    return SerializedResponse(
+        body=render(payload, options.media_type),
+        media_type=options.media_type,
+        model_version=output.model.version,
+    )
+
+
+def negotiate_media_type(accept: str | None) -> MediaType:
+    """MessagePack only when the client asks for it; JSON otherwise (including ``*/*``)."""
+    if accept and MSGPACK in accept.lower():
+        return MSGPACK
+    return JSON

@@ -1,0 +1,35 @@
+"""What the tokenizer stage hands to the inference stage."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedTexts:
+    """Token ids of one request's texts, unpadded and concatenated (cheap to ship between processes).
+
+    Text ``i`` holds ``ids[offsets[i]:offsets[i + 1]]``.
+    """
+
+    ids: np.ndarray  # int32, shape (total_tokens,)
+    offsets: np.ndarray  # int64, shape (n_texts + 1,)
+    truncated: int = 0  # how many texts were cut to the model's token limit
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def token_count(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def sequences(self) -> Iterator[np.ndarray]:
+        for start, end in zip(self.offsets[:-1], self.offsets[1:], strict=True):
+            yield self.ids[start:end]

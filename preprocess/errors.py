@@ -1,0 +1,88 @@
+"""The service's one error taxonomy.
+
+Every error a client can see is one of these classes. Each carries an OpenAI-style ``type`` and a
+stable ``code``; the HTTP status for each class is decided in exactly one place, the ingress
+(``deployments/http_errors.py``). Arguments stay positional so the exceptions pickle across Ray.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class ServiceError(Exception):
+    """Base of every error the service reports to a client."""
+
+    type: ClassVar[str] = "server_error"
+    code: ClassVar[str] = "internal_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message, param)
+        self.message = message
+        self.param = param
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidRequestError(ServiceError):
+    """The request is malformed or violates the API schema."""
+
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class InvalidJSONError(InvalidRequestError):
+    code = "invalid_json"
+
+
+class InputTooLongError(InvalidRequestError):
+    """An input has more tokens than the model accepts and the request did not ask to truncate."""
+
+    code = "input_too_long"
+
+
+class TooManyInputsError(InvalidRequestError):
+    code = "too_many_inputs"
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    code = "unsupported_media_type"
+
+
+class NotAcceptableError(InvalidRequestError):
+    code = "not_acceptable"
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    code = "payload_too_large"
+
+
+class ModelNotFoundError(ServiceError):
+    type = "not_found_error"
+    code = "model_not_found"
+
+
+class RouteNotFoundError(ServiceError):
+    type = "not_found_error"
+    code = "not_found"
+
+
+class MethodNotAllowedError(InvalidRequestError):
+    code = "method_not_allowed"
+
+
+class UnsupportedTaskError(InvalidRequestError):
+    """The route asks for something the served model's task cannot do (e.g. embeddings from a classifier)."""
+
+    code = "unsupported_task"
+
+
+class NotReadyError(ServiceError):
+    type = "service_unavailable"
+    code = "not_ready"
+
+
+class InternalError(ServiceError):
+    type = "server_error"
+    code = "internal_error"

@@ -1,0 +1,94 @@
+"""Turn raw HTTP bodies into validated request objects, raising the service's own errors."""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from preprocess.errors import (
+    InvalidJSONError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    TooManyInputsError,
+    UnsupportedMediaTypeError,
+)
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+_JSON_TYPES = ("application/json",)
+
+
+def check_content_type(content_type: str | None) -> None:
+    """Accept JSON bodies only (``application/json``, any charset parameter, or ``+json`` types)."""
+    if content_type is None:
+        raise UnsupportedMediaTypeError("Content-Type header is required: use application/json")
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media not in _JSON_TYPES and not media.endswith("+json"):
+        raise UnsupportedMediaTypeError(
+            f"unsupported Content-Type {media!r}: use application/json", "content-type"
+        )
+
+
+def _describe(err: ValidationError, fields: set[str]) -> tuple[str, str | None]:
+    """One readable message naming the field, e.g. ``input[1]: Input should be a valid string``.
+
+    Of a union's branch errors the deepest is the most specific (a bad list element beats "not a
+    string"); branch tags such as ``list[constrained-str]`` are dropped from the path.
+    """
+    errors = err.errors(include_url=False)
+    first = max(errors, key=lambda e: len(e["loc"]))
+    if first["type"] == "extra_forbidden":
+        name = str(first["loc"][-1])
+        return f"unknown field {name!r}; allowed: {', '.join(sorted(fields))}", name
+    path = ""
+    for part in first["loc"]:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part in fields:
+            path += f".{part}" if path else part
+    msg = first["msg"].removeprefix("Value error, ")
+    return (f"{path}: {msg}" if path else msg), (path or None)
+
+
+def parse_body(body: bytes, content_type: str | None, schema: type[RequestT]) -> RequestT:
+    """Parse ``body`` as JSON and validate it against ``schema``."""
+    check_content_type(content_type)
+    if not body:
+        raise InvalidJSONError("request body is empty: send a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSONError(f"request body is not valid JSON (UTF-8): {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidRequestError("request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        message, field = _describe(exc, set(schema.model_fields))
+        raise InvalidRequestError(message, field) from None
+
+
+def check_input_count(texts: list[str], max_inputs: int) -> None:
+    if len(texts) > max_inputs:
+        raise TooManyInputsError(
+            f"too many inputs: {len(texts)} given, at most {max_inputs} per request", "input"
+        )
+
+
+def check_model_name(requested: str | None, name: str, version: str) -> None:
+    """Accept no model, the served name, or ``name:version`` with the served version."""
+    if requested is None or requested in (name, f"{name}:{version}"):
+        return
+    raise ModelNotFoundError(
+        f"model {requested!r} is not served here; available: {name!r} (version {version!r})",
+        "model",
+    )
+
+
+def check_dimensions(dimensions: int | None, model_dimension: int) -> None:
+    if dimensions is not None and not 1 <= dimensions <= model_dimension:
+        raise InvalidRequestError(
+            f"dimensions must be between 1 and {model_dimension}, got {dimensions}", "dimensions"
+        )
