@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -74,6 +75,10 @@ class InferenceDeployment:
             )
             start = end
         return outputs
+
+    def batching(self) -> dict[str, Any]:
+        """The batching settings in force and this replica's pid (to show reconfigure needs no restart)."""
+        return {**self._batching.model_dump(), "pid": os.getpid()}
 
     def ready(self) -> ModelIdentity:
         """Answered only once __init__ (load + warm-up) has finished."""

@@ -97,11 +97,13 @@ def load_manifest(path: Path) -> Manifest:
     if not path.is_file():
         raise ManifestError("manifest.json", "file is missing", path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        json.loads(text)  # a clear message for malformed files before schema checks
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError("manifest.json", f"not valid JSON: {exc}", path) from None
     try:
-        return Manifest.model_validate(data)
+        # JSON mode: strict types, but JSON arrays are accepted where tuples are declared.
+        return Manifest.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         field = ".".join(str(p) for p in first["loc"]) or _field_in(first["msg"])

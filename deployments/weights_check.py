@@ -91,7 +91,12 @@ def _check_labels(manifest: Manifest, config: dict, path: Path) -> None:
     n = len(id2label) or config.get("num_labels")
     if n is not None and n != len(labels):
         raise ManifestError("output.labels", f"{len(labels)} labels but the weights have {n} classes", path)
-    names = tuple(id2label[k] for k in sorted(id2label, key=int)) if id2label else ()
+    try:
+        names = tuple(id2label[k] for k in sorted(id2label, key=int))
+    except ValueError:
+        raise ManifestError(
+            "output.labels", f"weights' id2label has non-numeric keys: {id2label}", path
+        ) from None
     generic = all(name == f"LABEL_{i}" for i, name in enumerate(names))
     if names and not generic and names != labels:
         raise ManifestError(

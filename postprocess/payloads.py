@@ -64,7 +64,8 @@ def classification_rows(
 ) -> list[list[dict[str, Any]]]:
     """Per input, every label with its probability, most likely first."""
     order = np.argsort(-probs, axis=1, kind="stable")
-    scores = round_floats(probs, decimals).tolist()
+    # Round in float64: float32 values widened by tolist() would print as 0.8765000104904175.
+    scores = round_floats(probs.astype(np.float64), decimals).tolist()
     return [
         [{"label": labels[j], "score": row_scores[j]} for j in row_order]
         for row_order, row_scores in zip(order.tolist(), scores, strict=True)

@@ -38,8 +38,27 @@ def serialize(output: ModelOutput, options: ResponseOptions, decimals: int | Non
     )
 
 
+def _quality(params: list[str]) -> float:
+    for param in params:
+        key, _, value = param.partition("=")
+        if key.strip() == "q":
+            try:
+                return float(value)
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
 def negotiate_media_type(accept: str | None) -> MediaType:
-    """MessagePack only when the client asks for it; JSON otherwise (including ``*/*``)."""
-    if accept and MSGPACK in accept.lower():
-        return MSGPACK
-    return JSON
+    """MessagePack when the client asks for it at least as strongly as for JSON; JSON otherwise."""
+    if not accept or MSGPACK not in accept.lower():
+        return JSON
+    best = {JSON: 0.0, MSGPACK: 0.0}
+    for media_range in accept.lower().split(","):
+        media, *params = (part.strip() for part in media_range.split(";"))
+        q = _quality(params)
+        if media == MSGPACK:
+            best[MSGPACK] = max(best[MSGPACK], q)
+        elif media in (JSON, "application/*", "*/*"):
+            best[JSON] = max(best[JSON], q)
+    return MSGPACK if best[MSGPACK] > 0 and best[MSGPACK] >= best[JSON] else JSON

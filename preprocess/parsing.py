@@ -38,7 +38,8 @@ def _describe(err: ValidationError, fields: set[str]) -> tuple[str, str | None]:
     string"); branch tags such as ``list[constrained-str]`` are dropped from the path.
     """
     errors = err.errors(include_url=False)
-    first = max(errors, key=lambda e: len(e["loc"]))
+    # Deepest first; on a tie, a constraint violation ("too short") beats a wrong-branch type error.
+    first = max(errors, key=lambda e: (len(e["loc"]), not e["type"].endswith("_type")))
     if first["type"] == "extra_forbidden":
         name = str(first["loc"][-1])
         return f"unknown field {name!r}; allowed: {', '.join(sorted(fields))}", name

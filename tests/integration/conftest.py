@@ -1,0 +1,141 @@
+"""One local Ray instance and one Serve deployment of the real config per test session.
+
+The apps are deployed from ``serve_config.yaml`` through the same controller call that
+``serve run serve_config.yaml`` makes, plus a test classifier app and a deliberately broken app.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.models import build_classifier, write_broken_embedder
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "textserve"
+CLASSIFY_APP = "classify"
+BROKEN_APP = "broken"
+DEPLOY_TIMEOUT_S = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServeHarness:
+    """Applies whole multi-app configs (Serve's declarative API) and waits for them."""
+
+    def __init__(self, base_config: dict[str, Any], port: int) -> None:
+        self.base_config = base_config
+        self.url = f"http://127.0.0.1:{port}"
+
+    def config(self, mutate: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        cfg = copy.deepcopy(self.base_config)
+        if mutate:
+            mutate(cfg)
+        return cfg
+
+    def apply(self, config: dict[str, Any]) -> None:
+        from ray.serve._private.api import serve_start
+        from ray.serve.schema import ServeDeploySchema
+
+        schema = ServeDeploySchema.model_validate(config)
+        client = serve_start(http_options=schema.http_options.model_dump(), proxy_location="HeadOnly")
+        client.deploy_apps(schema, _blocking=False)
+
+    def wait(self, expected: dict[str, str], timeout_s: float = DEPLOY_TIMEOUT_S) -> dict[str, Any]:
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            apps = serve.status().applications
+            if all(name in apps and apps[name].status == want for name, want in expected.items()):
+                return apps
+            failed = {
+                n: apps[n].message for n, want in expected.items()
+                if n in apps and apps[n].status == "DEPLOY_FAILED" and want != "DEPLOY_FAILED"
+            }
+            if failed:
+                raise RuntimeError(f"apps failed to deploy: {failed}")
+            time.sleep(0.5)
+        raise TimeoutError(f"apps never reached {expected}: {serve.status().applications}")
+
+
+def app_entry(name: str, route: str, model_args: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    entry = copy.deepcopy(template)
+    entry["name"] = name
+    entry["route_prefix"] = route
+    entry["args"]["model"] = {**entry["args"]["model"], **model_args}
+    for dep in entry["deployments"]:
+        # Logical CPUs: three apps share this small machine during the tests.
+        dep["ray_actor_options"]["num_cpus"] = min(dep["ray_actor_options"]["num_cpus"], 0.25)
+    return entry
+
+
+@pytest.fixture(scope="session")
+def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("models")
+    build_classifier(repo)
+    write_broken_embedder(repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
+    import ray
+    from ray import serve
+
+    port = _free_port()
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    config["http_options"]["port"] = port
+    template = config["applications"][0]
+    assert template["name"] == APP
+    config["applications"].append(
+        app_entry(
+            CLASSIFY_APP,
+            "/classify",
+            {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify"},
+            template,
+        )
+    )
+    config["applications"].append(
+        app_entry(BROKEN_APP, "/broken", {"repository": str(model_repo), "name": "broken-embedder"}, template)
+    )
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    harness = ServeHarness(config, port)
+    harness.apply(config)
+    harness.wait({APP: "RUNNING", CLASSIFY_APP: "RUNNING", BROKEN_APP: "DEPLOY_FAILED"})
+    yield harness
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def base_url(serve_harness: ServeHarness) -> str:
+    return serve_harness.url
+
+
+@pytest.fixture(scope="session")
+def http(base_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base_url, timeout=60.0) as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def reference_model() -> Any:
+    """sentence-transformers' own pipeline for the default model: the ground truth."""
+    from sentence_transformers import SentenceTransformer
+
+    from tests.support.models import DEFAULT_WEIGHTS
+
+    return SentenceTransformer(str(DEFAULT_WEIGHTS), device="cpu")
