@@ -62,7 +62,8 @@ class ServeHarness:
             if all(name in apps and apps[name].status == want for name, want in expected.items()):
                 return apps
             failed = {
-                n: apps[n].message for n, want in expected.items()
+                n: apps[n].message
+                for n, want in expected.items()
                 if n in apps and apps[n].status == "DEPLOY_FAILED" and want != "DEPLOY_FAILED"
             }
             if failed:
