@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ONNX_SUBDIR = "onnx"  # where export_onnx puts a version's ONNX Runtime model by default
 
 
 class _Frozen(BaseModel):
@@ -30,12 +31,18 @@ class ModelConfig(_Frozen):
     name: str = "all-MiniLM-L6-v2"
     version: str = "1"
     task: Literal["embed", "classify"] = "embed"
+    backend: Literal["torch", "onnx"] = Field(
+        default="torch",
+        description="torch: <name>/<version>/manifest.json (Hugging Face weights); onnx: the export in "
+        "<name>/<version>/onnx/manifest.json (python -m deployments.export_onnx).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when the replica has a GPU, CPU otherwise."
     )
 
     def manifest_path(self) -> Path:
-        return resolve_path(self.repository) / self.name / self.version / "manifest.json"
+        version_dir = resolve_path(self.repository) / self.name / self.version
+        return (version_dir / ONNX_SUBDIR if self.backend == "onnx" else version_dir) / "manifest.json"
 
 
 class LimitsConfig(_Frozen):
@@ -44,11 +51,21 @@ class LimitsConfig(_Frozen):
 
 
 class RuntimeConfig(_Frozen):
+    cuda_alloc_conf: str | None = Field(
+        default="expandable_segments:True",
+        description="PYTORCH_CUDA_ALLOC_CONF for inference replicas, set before CUDA initializes.",
+    )
+    cuda_cache_release_fraction: float = Field(
+        default=0.9, gt=0.0, le=1.0, description="Release the allocator cache only above this reserved share."
+    )
     verify_checksums: bool = Field(
         default=True, description="Check weight files against the manifest's sha256 sums at start."
     )
-    torch_threads: int | None = Field(
-        default=None, ge=1, description="Intra-op threads per inference replica; null: Ray's default."
+    intra_op_threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="Intra-op threads per inference replica (torch or ONNX Runtime); "
+        "null: the backend's default.",
     )
 
 
@@ -63,9 +80,23 @@ class AppArgs(_Frozen):
 class BatchingConfig(_Frozen):
     """Inference ``user_config``: the dynamic-batching knobs, tunable at run time."""
 
-    max_batch_size: int = Field(default=32, ge=1, le=4096)
+    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per batch.")
+    max_batch_tokens: int = Field(
+        default=8192, ge=1, description="Padded tokens per batch (longest x count); a longer item runs alone."
+    )
     # A maximum wait for the first request of a batch: a full batch leaves at once.
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
+    adaptive_wait: bool = Field(
+        default=True, description="Shrink the wait when batches stay small, grow it when they hit the cap."
+    )
+    min_wait_s: float = Field(default=0.0005, ge=0.0, le=1.0)
+    max_wait_s: float = Field(default=0.02, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _window_in_bounds(self) -> BatchingConfig:
+        if self.min_wait_s > self.max_wait_s:
+            raise ValueError("min_wait_s must not exceed max_wait_s")
+        return self
 
 
 class SerializerConfig(_Frozen):

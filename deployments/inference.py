@@ -1,4 +1,8 @@
-"""The batched inference deployment: ``@serve.batch`` over the pure ``ModelRunner``."""
+"""The batched inference deployment: ``@serve.batch`` over a backend runner (torch or ONNX Runtime).
+
+Batches are bounded by sequences and by padded tokens; inside a batch the runner sorts by length
+and cuts micro-batches. The wait window adapts to load, within configured bounds.
+"""
 
 from __future__ import annotations
 
@@ -8,57 +12,90 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 from ray import serve
 
+from deployments.backends import create_runner
+from deployments.batching import AdaptiveWaitWindow, BatchLimits
 from deployments.config import BatchingConfig, RuntimeConfig
 from deployments.manifest import ResolvedModel
 from deployments.model_repo import recheck_on_replica
-from deployments.model_runner import ModelRunner, pick_device
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.tokenize import pad_token_id
 
 log = logging.getLogger("ray.serve")
 
 _DEFAULTS = BatchingConfig()
 
 
+class _ReplicaLimits:
+    """``@serve.batch``'s ``batch_size_fn`` is a plain function, so the limits it reads live here.
+    Ray Serve runs one replica per process, so this is per replica; ``reconfigure`` updates it."""
+
+    limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
+
+
+def batch_size(items: list[EncodedTexts]) -> int:
+    limits = _ReplicaLimits.limits
+    size = limits.size_of(sum(len(i) for i in items), max(i.longest for i in items))
+    # A lone item over the budget must still run (alone), never be refused by the batch queue.
+    return min(size, limits.max_sequences) if len(items) == 1 else size
+
+
 @serve.deployment(name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128)
 class InferenceDeployment:
     def __init__(self, model: ResolvedModel, device: str, runtime: RuntimeConfig) -> None:
+        if runtime.cuda_alloc_conf:
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", runtime.cuda_alloc_conf)
         recheck_on_replica(model, runtime.verify_checksums)
-        if runtime.torch_threads:
-            torch.set_num_threads(runtime.torch_threads)
         manifest = model.manifest
         self._identity = ModelIdentity(name=manifest.name, version=manifest.version)
         self._labels = tuple(manifest.output.labels or ())
-        self._batching = _DEFAULTS
-        self._runner = ModelRunner(model, pick_device(device), pad_token_id(model.tokenizer_file))
+        self._runner = create_runner(
+            model,
+            device,
+            threads=runtime.intra_op_threads,
+            cache_release_fraction=runtime.cuda_cache_release_fraction,
+        )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._apply(_DEFAULTS)
         self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
-        log.info("model %s v%s ready on %s", manifest.name, manifest.version, self._runner.device)
+        self._stats = {"batches": 0, "sequences": 0, "real_tokens": 0, "padded_tokens": 0}
+        log.info(
+            "model %s v%s ready: %s on %s",
+            manifest.name,
+            manifest.version,
+            self._runner.backend,
+            self._runner.device_name,
+        )
 
-    def reconfigure(self, user_config: dict[str, Any]) -> None:
-        config = BatchingConfig.model_validate(user_config)
+    def _apply(self, config: BatchingConfig) -> None:
+        self._batching = config
+        self._limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
+        _ReplicaLimits.limits = self._limits
+        self._window = AdaptiveWaitWindow(config.batch_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._infer_batch.set_max_batch_size(config.max_batch_size)
         self._infer_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
-        self._batching = config
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self._apply(BatchingConfig.model_validate(user_config))
 
     async def infer(self, encoded: EncodedTexts) -> ModelOutput:
         return await self._infer_batch(encoded)
 
-    @serve.batch(max_batch_size=_DEFAULTS.max_batch_size, batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s)
+    @serve.batch(
+        max_batch_size=_DEFAULTS.max_batch_size,
+        batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
+        batch_size_fn=batch_size,
+    )
     async def _infer_batch(self, items: list[EncodedTexts]) -> list[ModelOutput]:
         # An exception here fails every future of this batch (Serve sets it on each): none hangs.
         sequences = [seq for item in items for seq in item.sequences()]
         loop = asyncio.get_running_loop()
-        values = await loop.run_in_executor(
-            self._executor, self._runner.run, sequences, self._batching.max_batch_size
-        )
-        if len(values) != len(sequences):
-            raise RuntimeError(f"model returned {len(values)} rows for {len(sequences)} inputs")
+        result = await loop.run_in_executor(self._executor, self._runner.run, sequences, self._limits)
+        if len(result.values) != len(sequences):
+            raise RuntimeError(f"model returned {len(result.values)} rows for {len(sequences)} inputs")
+        self._after_batch(len(sequences), result.real_tokens, result.padded_tokens)
         outputs: list[ModelOutput] = []
         start = 0
         for item in items:
@@ -67,7 +104,7 @@ class InferenceDeployment:
                 ModelOutput(
                     model=self._identity,
                     task=self._runner.task,
-                    values=values[start:end],
+                    values=result.values[start:end],
                     token_count=item.token_count,
                     labels=self._labels,
                     truncated=item.truncated,
@@ -76,9 +113,31 @@ class InferenceDeployment:
             start = end
         return outputs
 
+    def _after_batch(self, sequences: int, real_tokens: int, padded_tokens: int) -> None:
+        stats = self._stats
+        stats["batches"] += 1
+        stats["sequences"] += sequences
+        stats["real_tokens"] += real_tokens
+        stats["padded_tokens"] += padded_tokens
+        if self._batching.adaptive_wait:
+            self._infer_batch.set_batch_wait_timeout_s(
+                self._window.observe(sequences, self._limits.max_sequences)
+            )
+
     def batching(self) -> dict[str, Any]:
-        """The batching settings in force and this replica's pid (to show reconfigure needs no restart)."""
-        return {**self._batching.model_dump(), "pid": os.getpid()}
+        """Settings in force, live state and counters; the pid shows reconfigure needs no restart."""
+        padded = self._stats["padded_tokens"]
+        return {
+            **self._batching.model_dump(),
+            "current_wait_s": self._window.current_s,
+            "current_cap": self._runner.cap.current,
+            "batch_queue_limits": [_ReplicaLimits.limits.max_sequences, _ReplicaLimits.limits.max_tokens],
+            "padding_efficiency": self._stats["real_tokens"] / padded if padded else 1.0,
+            **self._stats,
+            "backend": self._runner.backend,
+            "device": self._runner.device_name,
+            "pid": os.getpid(),
+        }
 
     def ready(self) -> ModelIdentity:
         """Answered only once __init__ (load + warm-up) has finished."""

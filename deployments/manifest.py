@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PACKAGE_SCHEME = "package://"
+ONNX_FILE = "model.onnx"
 
 
 class ManifestError(Exception):
@@ -55,6 +56,9 @@ class Manifest(_Strict):
     weights: str = Field(
         default=".", description="Weights dir: relative to the manifest, or package://pkg/sub."
     )
+    format: Literal["transformers", "onnx"] = Field(
+        default="transformers", description="transformers: torch backend; onnx: ONNX Runtime (model.onnx)."
+    )
     input: InputSignature
     output: OutputSignature
     pooling: Literal["mean", "cls"] | None = None
@@ -82,6 +86,10 @@ class ResolvedModel:
     manifest: Manifest
     manifest_path: Path
     weights_dir: Path
+
+    @property
+    def onnx_file(self) -> Path:
+        return self.weights_dir / ONNX_FILE
 
     @property
     def tokenizer_file(self) -> Path:

@@ -14,6 +14,13 @@ def check_against_config(manifest: Manifest, config: ModelConfig, path: Path) ->
         want, have = getattr(config, field), getattr(manifest, field)
         if want != have:
             raise ManifestError(field, f"config asks for {want!r} but the manifest says {have!r}", path)
+    wanted_format = {"torch": "transformers", "onnx": "onnx"}[config.backend]
+    if wanted_format != manifest.format:
+        raise ManifestError(
+            "format",
+            f"config asks for backend {config.backend!r} but the model's format is {manifest.format!r}",
+            path,
+        )
 
 
 def resolve_model(config: ModelConfig, *, hash_files: bool = True) -> ResolvedModel:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from deployments.manifest import Manifest, ManifestError, read_json, sha256_of
+from deployments.manifest import ONNX_FILE, Manifest, ManifestError, read_json, sha256_of
 
 _NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
 
@@ -23,6 +23,8 @@ def check_weights(manifest: Manifest, weights: Path, path: Path, hash_files: boo
         _check_embedding(manifest, weights, config, path)
     else:
         _check_labels(manifest, config, path)
+    if manifest.format == "onnx" and not (weights / ONNX_FILE).is_file():
+        raise ManifestError("format", f"format is 'onnx' but {weights / ONNX_FILE} is missing", path)
     if hash_files:
         _check_files(manifest, weights, path)
 

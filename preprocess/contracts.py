@@ -30,6 +30,10 @@ class EncodedTexts:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    @property
+    def longest(self) -> int:
+        return int(self.lengths.max()) if len(self) else 0
+
     def sequences(self) -> Iterator[np.ndarray]:
         for start, end in zip(self.offsets[:-1], self.offsets[1:], strict=True):
             yield self.ids[start:end]

@@ -105,12 +105,17 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
         app_entry(
             CLASSIFY_APP,
             "/classify",
-            {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify"},
+            {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"},
             template,
         )
     )
     config["applications"].append(
-        app_entry(BROKEN_APP, "/broken", {"repository": str(model_repo), "name": "broken-embedder"}, template)
+        app_entry(
+            BROKEN_APP,
+            "/broken",
+            {"repository": str(model_repo), "name": "broken-embedder", "backend": "torch"},
+            template,
+        )
     )
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     harness = ServeHarness(config, port)

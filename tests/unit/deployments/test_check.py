@@ -16,6 +16,7 @@ def _config_with_repository(tmp_path: Path, repository: Path, **user_config: obj
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     app = config["applications"][0]
     app["args"]["model"]["repository"] = str(repository)
+    app["args"]["model"]["backend"] = "torch"  # the temp repository holds the HF-weights manifest only
     app["args"]["runtime"]["verify_checksums"] = False  # keep the unit test fast
     if user_config:
         next(d for d in app["deployments"] if d["name"] == "Inference")["user_config"] = user_config

@@ -72,7 +72,7 @@ def test_app_args_validate(app):
     assert args.limits.max_inputs_per_request == 256
     assert args.limits.max_body_bytes == 2 * 1024 * 1024
     assert args.runtime.verify_checksums is True
-    assert args.runtime.torch_threads is None
+    assert args.runtime.intra_op_threads is None
 
 
 def test_app_args_name_a_model_that_resolves(app):
@@ -235,7 +235,7 @@ def test_serializer_decimals_bounds(value, ok):
         {"model": {"version": 1}},  # an unquoted YAML version is an int, not a str
         {"limits": {"max_inputs_per_request": 0}},
         {"limits": {"max_body_bytes": 1023}},
-        {"runtime": {"torch_threads": 0}},
+        {"runtime": {"intra_op_threads": 0}},
     ],
 )
 def test_app_args_reject_bad_values(data):

@@ -1,4 +1,4 @@
-"""The forward pass in process (no Ray): parity, padding invariance, order, classify, refusal."""
+"""Both backends in process (no Ray): sentence-transformers parity, padding invariance, order."""
 
 from __future__ import annotations
 
@@ -8,28 +8,15 @@ import numpy as np
 import pytest
 import torch
 
+from deployments.backends import create_runner
+from deployments.batching import BatchLimits
 from deployments.config import ModelConfig
 from deployments.manifest import ManifestError, ResolvedModel
 from deployments.model_repo import resolve_model
 from deployments.model_runner import ModelRunner, pick_device
-from preprocess.tokenize import TextTokenizer, pad_token_id
+from deployments.runner_base import BatchRunner
+from preprocess.tokenize import TextTokenizer
 from tests.support.models import LABELS, build_classifier
-
-
-@pytest.fixture(scope="module")
-def default_model() -> ResolvedModel:
-    return resolve_model(ModelConfig(), hash_files=False)
-
-
-@pytest.fixture(scope="module")
-def runner(default_model: ResolvedModel) -> ModelRunner:
-    return ModelRunner(default_model, torch.device("cpu"), pad_token_id(default_model.tokenizer_file))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_model: ResolvedModel) -> TextTokenizer:
-    return TextTokenizer(default_model.tokenizer_file, 256)
-
 
 TEXTS = [
     "short",
@@ -39,16 +26,32 @@ TEXTS = [
 ]
 
 
+@pytest.fixture(scope="module", params=["torch", "onnx"])
+def runner(request, default_model: ResolvedModel) -> BatchRunner:
+    model = default_model if request.param == "torch" else request.getfixturevalue("onnx_model")
+    return create_runner(model, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model: ResolvedModel) -> TextTokenizer:
+    return TextTokenizer(default_model.tokenizer_file, 256)
+
+
 def test_pick_device_falls_back_to_cpu():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert pick_device("auto").type == expected
     assert pick_device("cpu").type == "cpu"
 
 
+def test_backend_comes_from_manifest(runner, default_model):
+    assert runner.backend in ("torch", "onnx") and runner.device_name == "cpu"
+    assert runner.output_size == 384
+
+
 def test_matches_sentence_transformers(runner, tokenizer, default_model):
     from sentence_transformers import SentenceTransformer
 
-    ours = runner.run(list(tokenizer.encode(TEXTS).sequences()), max_batch=32)
+    ours = runner.run(list(tokenizer.encode(TEXTS).sequences())).values
     ref = SentenceTransformer(str(default_model.weights_dir), device="cpu").encode(TEXTS)
     cos = (ours * ref).sum(1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(ref, axis=1))
     assert cos.min() >= 0.999
@@ -58,14 +61,17 @@ def test_matches_sentence_transformers(runner, tokenizer, default_model):
 @pytest.mark.parametrize("max_batch", [1, 2, 3, 32])
 def test_padding_and_micro_batching_do_not_change_results(runner, tokenizer, max_batch):
     seqs = list(tokenizer.encode(TEXTS).sequences())
-    alone = np.stack([runner.run([s], max_batch=1)[0] for s in seqs])
-    together = runner.run(seqs, max_batch=max_batch)
-    assert together.shape == (len(TEXTS), 384)
-    np.testing.assert_allclose(together, alone, atol=2e-5)  # same rows, same input order
+    alone = np.stack([runner.run([s]).values[0] for s in seqs])
+    result = runner.run(seqs, BatchLimits(max_sequences=max_batch, max_tokens=4096))
+    assert result.values.shape == (len(TEXTS), 384)
+    np.testing.assert_allclose(result.values, alone, atol=2e-5)  # same rows, same input order
+    assert result.micro_batches == -(-len(TEXTS) // max_batch)
+    assert 0 < result.padding_efficiency <= 1
 
 
 def test_empty_input_gives_empty_output(runner):
-    assert runner.run([], max_batch=8).shape == (0, 384)
+    result = runner.run([])
+    assert result.values.shape == (0, 384) and result.micro_batches == 0
 
 
 def test_loaded_model_must_match_manifest(default_model):
@@ -85,9 +91,9 @@ def test_classifier_gives_probabilities(tmp_path: Path, tokenizer):
     model = resolve_model(
         ModelConfig(repository=str(tmp_path), name="tiny-sentiment", version="1", task="classify")
     )
-    clf = ModelRunner(model, torch.device("cpu"), 0)
+    clf = create_runner(model, device="cpu")
     clf.warm_up(max_tokens=128, max_batch=4)
-    probs = clf.run(list(tokenizer.encode(TEXTS).sequences()), max_batch=2)
+    probs = clf.run(list(tokenizer.encode(TEXTS).sequences()), BatchLimits(2, 1024)).values
     assert probs.shape == (len(TEXTS), len(LABELS))
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     assert (probs > 0).all()
