@@ -13,12 +13,12 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from deployments.config import AppArgs, BatchingConfig, SerializerConfig
+from deployments.config import AppArgs, BatchingConfig, IngressConfig, SerializerConfig
 from deployments.manifest import ManifestError
 from deployments.model_repo import resolve_model
 
 BUILDER = "deployments.app:build_app"
-USER_CONFIGS = {"Inference": BatchingConfig, "Serializer": SerializerConfig}
+USER_CONFIGS = {"Inference": BatchingConfig, "Serializer": SerializerConfig, "Ingress": IngressConfig}
 
 
 def check_config(path: Path) -> list[str]:

@@ -99,6 +99,17 @@ class BatchingConfig(_Frozen):
         return self
 
 
+class IngressConfig(_Frozen):
+    """Ingress ``user_config``: concurrent requests are grouped so that each downstream call
+    (tokenize, infer, serialize) carries many requests; the per-call cost of a hop is then shared."""
+
+    max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
+    group_wait_timeout_s: float = Field(default=0.002, ge=0.0, le=1.0)
+    adaptive_wait: bool = True
+    min_wait_s: float = Field(default=0.0002, ge=0.0, le=1.0)
+    max_wait_s: float = Field(default=0.005, ge=0.0, le=1.0)
+
+
 class SerializerConfig(_Frozen):
     """Serializer ``user_config``."""
 

@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 from ray import serve
 
 from deployments.backends import create_runner
@@ -21,6 +22,7 @@ from deployments.manifest import ResolvedModel
 from deployments.model_repo import recheck_on_replica
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
+from preprocess.errors import ServiceError
 
 log = logging.getLogger("ray.serve")
 
@@ -34,11 +36,18 @@ class _ReplicaLimits:
     limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
 
 
-def batch_size(items: list[EncodedTexts]) -> int:
+Group = list[EncodedTexts | ServiceError]  # one ingress call: several requests, some may have failed
+Answers = list[ModelOutput | ServiceError]
+
+
+def batch_size(groups: list[Group]) -> int:
     limits = _ReplicaLimits.limits
-    size = limits.size_of(sum(len(i) for i in items), max(i.longest for i in items))
-    # A lone item over the budget must still run (alone), never be refused by the batch queue.
-    return min(size, limits.max_sequences) if len(items) == 1 else size
+    encoded = [e for group in groups for e in group if isinstance(e, EncodedTexts)]
+    if not encoded:
+        return 1
+    size = limits.size_of(sum(len(e) for e in encoded), max(e.longest for e in encoded))
+    # A lone group over the budget must still run (alone), never be refused by the batch queue.
+    return min(size, limits.max_sequences) if len(groups) == 1 else size
 
 
 @serve.deployment(name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128)
@@ -80,38 +89,48 @@ class InferenceDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
 
-    async def infer(self, encoded: EncodedTexts) -> ModelOutput:
-        return await self._infer_batch(encoded)
+    async def infer(self, group: Group) -> Answers:
+        return await self._infer_batch(group)
 
     @serve.batch(
         max_batch_size=_DEFAULTS.max_batch_size,
         batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
         batch_size_fn=batch_size,
     )
-    async def _infer_batch(self, items: list[EncodedTexts]) -> list[ModelOutput]:
+    async def _infer_batch(self, groups: list[Group]) -> list[Answers]:
         # An exception here fails every future of this batch (Serve sets it on each): none hangs.
-        sequences = [seq for item in items for seq in item.sequences()]
+        sequences = [
+            s for group in groups for e in group if isinstance(e, EncodedTexts) for s in e.sequences()
+        ]
         loop = asyncio.get_running_loop()
         result = await loop.run_in_executor(self._executor, self._runner.run, sequences, self._limits)
         if len(result.values) != len(sequences):
             raise RuntimeError(f"model returned {len(result.values)} rows for {len(sequences)} inputs")
-        self._after_batch(len(sequences), result.real_tokens, result.padded_tokens)
-        outputs: list[ModelOutput] = []
+        if sequences:
+            self._after_batch(len(sequences), result.real_tokens, result.padded_tokens)
+        answers: list[Answers] = []
         start = 0
-        for item in items:
-            end = start + len(item)
-            outputs.append(
-                ModelOutput(
-                    model=self._identity,
-                    task=self._runner.task,
-                    values=result.values[start:end],
-                    token_count=item.token_count,
-                    labels=self._labels,
-                    truncated=item.truncated,
-                )
-            )
-            start = end
-        return outputs
+        for group in groups:
+            group_answers: Answers = []
+            for encoded in group:
+                if isinstance(encoded, ServiceError):
+                    group_answers.append(encoded)  # failed upstream: passed on untouched
+                    continue
+                end = start + len(encoded)
+                group_answers.append(self._output(encoded, result.values[start:end]))
+                start = end
+            answers.append(group_answers)
+        return answers
+
+    def _output(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
+        return ModelOutput(
+            model=self._identity,
+            task=self._runner.task,
+            values=values,
+            token_count=encoded.token_count,
+            labels=self._labels,
+            truncated=encoded.truncated,
+        )
 
     def _after_batch(self, sequences: int, real_tokens: int, padded_tokens: int) -> None:
         stats = self._stats

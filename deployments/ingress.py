@@ -6,6 +6,7 @@ Errors from any stage arrive here and are turned into HTTP responses by ``http_e
 # No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,7 +15,8 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from deployments.config import LimitsConfig
+from deployments.batching import AdaptiveWaitWindow
+from deployments.config import IngressConfig, LimitsConfig
 from deployments.http_errors import (
     as_service_error,
     error_response,
@@ -22,8 +24,9 @@ from deployments.http_errors import (
     handle_service_error,
 )
 from deployments.manifest import ResolvedModel
-from postprocess.contracts import ResponseOptions
+from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.render import negotiate_media_type, render
+from preprocess.contracts import TokenizeJob
 from preprocess.errors import (
     InvalidRequestError,
     NotReadyError,
@@ -35,6 +38,17 @@ from preprocess.parsing import check_dimensions, check_input_count, check_model_
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 
 HEALTH_TIMEOUT_S = 5.0
+# Groups in flight at once, so the stages overlap (one group infers while the next tokenizes).
+MAX_GROUPS_IN_FLIGHT = 4
+_DEFAULTS = IngressConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineJob:
+    tokenize: TokenizeJob
+    options: ResponseOptions
+
+
 log = logging.getLogger("ray.serve")
 
 
@@ -66,6 +80,10 @@ class Ingress:
         self._serializer = serializer
         self._manifest = model.manifest
         self._limits = limits
+        self._config = _DEFAULTS
+        self._window = AdaptiveWaitWindow(
+            _DEFAULTS.group_wait_timeout_s, _DEFAULTS.min_wait_s, _DEFAULTS.max_wait_s
+        )
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._limits.max_body_bytes
@@ -84,19 +102,45 @@ class Ingress:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        config = IngressConfig.model_validate(user_config)
+        self._config = config
+        self._window = AdaptiveWaitWindow(config.group_wait_timeout_s, config.min_wait_s, config.max_wait_s)
+        self._pipeline.set_max_batch_size(config.max_group_size)
+        self._pipeline.set_batch_wait_timeout_s(config.group_wait_timeout_s)
+
     async def _run(self, texts: list[str], truncate: bool, options: ResponseOptions) -> Response:
         check_input_count(texts, self._limits.max_inputs_per_request)
-        # Chained DeploymentResponses: Ray passes each result on without a round-trip through here.
-        encoded = self._tokenizer.encode.remote(texts, truncate)
-        output = self._inference.infer.remote(encoded)
-        serialized = self._serializer.serialize.remote(output, options)
-        try:
-            result = await serialized
-        except Exception as exc:  # errors of any stage, wrapped by Ray
-            return error_response(as_service_error(exc))
+        result = await self._pipeline(PipelineJob(TokenizeJob(texts, truncate), options))
+        if isinstance(result, ServiceError):
+            return error_response(result)
         return Response(
             result.body, media_type=result.media_type, headers={"X-Model-Version": result.model_version}
         )
+
+    @serve.batch(
+        max_batch_size=_DEFAULTS.max_group_size,
+        batch_wait_timeout_s=_DEFAULTS.group_wait_timeout_s,
+        max_concurrent_batches=MAX_GROUPS_IN_FLIGHT,
+    )
+    async def _pipeline(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
+        """One group of concurrent requests through the stages: one call per stage for all of them.
+
+        Chained DeploymentResponses: Ray hands each stage's result to the next without a round-trip
+        through here. Each request comes back with its own result or its own error.
+        """
+        encoded = self._tokenizer.encode.remote([job.tokenize for job in jobs])
+        outputs = self._inference.infer.remote(encoded)
+        serialized = self._serializer.serialize.remote(outputs, [job.options for job in jobs])
+        if self._config.adaptive_wait:
+            self._pipeline.set_batch_wait_timeout_s(
+                self._window.observe(len(jobs), self._config.max_group_size)
+            )
+        try:
+            results: list[SerializedResponse | ServiceError] = await serialized
+        except Exception as exc:  # a stage failed as a whole (wrapped by Ray): every member gets the error
+            return [as_service_error(exc)] * len(jobs)
+        return results
 
     @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
     async def embeddings(self, request: Request) -> Response:

@@ -1,4 +1,8 @@
-"""The tokenizer and serializer deployments: thin Ray Serve adapters over preprocess/ and postprocess/."""
+"""The tokenizer and serializer deployments: thin Ray Serve adapters over preprocess/ and postprocess/.
+
+Both take a group of requests per call (the ingress groups concurrent requests) and answer each
+one with a result or its own error, so one bad request never fails the others.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from deployments.config import SerializerConfig
 from deployments.manifest import ResolvedModel
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
-from preprocess.contracts import EncodedTexts
+from preprocess.contracts import EncodedTexts, TokenizeJob
+from preprocess.errors import ServiceError
 from preprocess.tokenize import TextTokenizer
 
 
@@ -19,8 +24,14 @@ class TokenizerDeployment:
     def __init__(self, model: ResolvedModel) -> None:
         self._tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
 
-    def encode(self, texts: list[str], truncate: bool) -> EncodedTexts:
-        return self._tokenizer.encode(texts, truncate)
+    def encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
+        results: list[EncodedTexts | ServiceError] = []
+        for job in jobs:
+            try:
+                results.append(self._tokenizer.encode(job.texts, job.truncate))
+            except ServiceError as exc:
+                results.append(exc)
+        return results
 
 
 @serve.deployment(name="Serializer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
@@ -31,5 +42,18 @@ class SerializerDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = SerializerConfig.model_validate(user_config)
 
-    def serialize(self, output: ModelOutput, options: ResponseOptions) -> SerializedResponse:
-        return serialize(output, options, self._config.float_decimals)
+    def serialize(
+        self, outputs: list[ModelOutput | ServiceError], options: list[ResponseOptions]
+    ) -> list[SerializedResponse | ServiceError]:
+        if len(outputs) != len(options):
+            raise RuntimeError(f"{len(outputs)} outputs for {len(options)} requests")
+        results: list[SerializedResponse | ServiceError] = []
+        for output, opts in zip(outputs, options, strict=True):
+            if isinstance(output, ServiceError):
+                results.append(output)
+                continue
+            try:
+                results.append(serialize(output, opts, self._config.float_decimals))
+            except ServiceError as exc:
+                results.append(exc)
+        return results

@@ -9,6 +9,14 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizeJob:
+    """One request's texts for the tokenizer stage."""
+
+    texts: list[str]
+    truncate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class EncodedTexts:
     """Token ids of one request's texts, unpadded and concatenated (cheap to ship between processes).
 

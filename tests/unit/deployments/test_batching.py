@@ -15,6 +15,7 @@ from deployments.batching import (
 )
 from deployments.inference import _ReplicaLimits, batch_size
 from preprocess.contracts import EncodedTexts
+from preprocess.errors import InputTooLongError
 
 
 def _encoded(*lengths: int) -> EncodedTexts:
@@ -60,10 +61,12 @@ def test_sorting_cuts_padding():
 def test_batch_size_fn_bounds_requests_and_never_refuses_a_lone_item():
     _ReplicaLimits.limits = BatchLimits(max_sequences=8, max_tokens=256)
     try:
-        assert batch_size([_encoded(3, 4)]) == 2
-        assert batch_size([_encoded(3), _encoded(100), _encoded(4)]) == 10  # 3 x 100 tokens > 256
-        assert batch_size([_encoded(*([5] * 20))]) == 8  # a big list request alone: clipped, so it runs
-        assert batch_size([_encoded(300)]) == 8  # one sequence over the token budget: runs alone
+        # Items are groups of requests (one ingress call each); failed members count for nothing.
+        assert batch_size([[_encoded(3, 4)]]) == 2
+        assert batch_size([[_encoded(3), _encoded(100)], [_encoded(4)]]) == 10  # 3 x 100 tokens > 256
+        assert batch_size([[_encoded(*([5] * 20))]]) == 8  # a big group alone: clipped, so it runs
+        assert batch_size([[_encoded(300)]]) == 8  # one sequence over the token budget: runs alone
+        assert batch_size([[InputTooLongError("too long")]]) == 1  # nothing to run, still leaves
     finally:
         _ReplicaLimits.limits = BatchLimits(32, 8192)
 

@@ -15,6 +15,7 @@ from deployments.config import (
     PROJECT_ROOT,
     AppArgs,
     BatchingConfig,
+    IngressConfig,
     LimitsConfig,
     ModelConfig,
     RuntimeConfig,
@@ -25,7 +26,7 @@ from deployments.model_repo import resolve_model
 
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 DEPLOYMENT_NAMES = {"Ingress", "Tokenizer", "Inference", "Serializer"}
-USER_CONFIG_MODELS = {"Inference": BatchingConfig, "Serializer": SerializerConfig}
+USER_CONFIG_MODELS = {"Inference": BatchingConfig, "Serializer": SerializerConfig, "Ingress": IngressConfig}
 
 
 @pytest.fixture(scope="module")
