@@ -80,10 +80,16 @@ class AppArgs(_Frozen):
 class BatchingConfig(_Frozen):
     """Inference ``user_config``: the dynamic-batching knobs, tunable at run time."""
 
-    max_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per batch.")
+    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Sequences per batch.")
     max_batch_tokens: int = Field(
-        default=8192, ge=1, description="Padded tokens per batch (longest x count); a longer item runs alone."
+        default=16384,
+        ge=1,
+        description="Padded tokens per batch (longest x count); a longer item runs alone.",
     )
+    # Per forward pass. On CPU, small passes win (cache-resident activations): measured here 320 seq/s
+    # at 512 padded tokens vs 160 seq/s at 32 x longest; on a GPU, raise both.
+    micro_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per forward pass.")
+    micro_batch_tokens: int = Field(default=512, ge=1, description="Padded tokens per forward pass.")
     # A maximum wait for the first request of a batch: a full batch leaves at once.
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
     adaptive_wait: bool = Field(

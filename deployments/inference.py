@@ -80,8 +80,8 @@ class InferenceDeployment:
 
     def _apply(self, config: BatchingConfig) -> None:
         self._batching = config
-        self._limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
-        _ReplicaLimits.limits = self._limits
+        self._limits = BatchLimits(config.micro_batch_size, config.micro_batch_tokens)
+        _ReplicaLimits.limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
         self._window = AdaptiveWaitWindow(config.batch_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._infer_batch.set_max_batch_size(config.max_batch_size)
         self._infer_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
@@ -140,7 +140,7 @@ class InferenceDeployment:
         stats["padded_tokens"] += padded_tokens
         if self._batching.adaptive_wait:
             self._infer_batch.set_batch_wait_timeout_s(
-                self._window.observe(sequences, self._limits.max_sequences)
+                self._window.observe(sequences, _ReplicaLimits.limits.max_sequences)
             )
 
     def batching(self) -> dict[str, Any]:

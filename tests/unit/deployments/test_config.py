@@ -72,8 +72,12 @@ def test_app_args_validate(app):
     assert args.model.device == "auto"
     assert args.limits.max_inputs_per_request == 256
     assert args.limits.max_body_bytes == 2 * 1024 * 1024
+    assert args.model.backend == "onnx"
     assert args.runtime.verify_checksums is True
-    assert args.runtime.intra_op_threads is None
+    # Every key written in the yaml is one the typed config keeps (nothing silently ignored).
+    assert args.model_dump(include=set(app["args"])) == {
+        k: {**args.model_dump()[k], **v} for k, v in app["args"].items()
+    }
 
 
 def test_app_args_name_a_model_that_resolves(app):
@@ -115,11 +119,13 @@ def test_user_config_validates(deployments_by_name, name):
 
 
 def test_user_config_values(deployments_by_name):
+    for name, model in USER_CONFIG_MODELS.items():
+        written = deployments_by_name[name]["user_config"]
+        parsed = model.model_validate(written)
+        assert parsed.model_dump(include=set(written)) == written  # every key honoured as written
     batching = BatchingConfig.model_validate(deployments_by_name["Inference"]["user_config"])
-    assert batching.max_batch_size == 32
-    assert batching.batch_wait_timeout_s == pytest.approx(0.005)
-    serializer = SerializerConfig.model_validate(deployments_by_name["Serializer"]["user_config"])
-    assert serializer.float_decimals == 6
+    assert batching.micro_batch_size <= batching.max_batch_size
+    assert batching.min_wait_s <= batching.batch_wait_timeout_s <= batching.max_wait_s
 
 
 def test_total_cpus_fit_two_cores(app):
@@ -215,8 +221,9 @@ def test_batching_bounds_reject(data):
 
 def test_batching_defaults():
     cfg = BatchingConfig()
-    assert cfg.max_batch_size == 32
-    assert cfg.batch_wait_timeout_s == pytest.approx(0.005)
+    assert cfg.micro_batch_size <= cfg.max_batch_size
+    assert cfg.micro_batch_tokens <= cfg.max_batch_tokens
+    assert cfg.min_wait_s <= cfg.batch_wait_timeout_s <= cfg.max_wait_s
 
 
 @pytest.mark.parametrize(("value", "ok"), [(None, True), (0, True), (9, True), (-1, False), (10, False)])
