@@ -13,6 +13,7 @@ from preprocess.errors import (
     InternalError,
     InvalidRequestError,
     MethodNotAllowedError,
+    ModelExecutionError,
     ModelNotFoundError,
     NotAcceptableError,
     NotReadyError,
@@ -35,6 +36,7 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     RouteNotFoundError: 404,
     NotReadyError: 503,
     InternalError: 500,
+    ModelExecutionError: 500,
     ServiceError: 500,
 }
 

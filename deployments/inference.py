@@ -18,11 +18,11 @@ from ray import serve
 from deployments.backends import create_runner
 from deployments.batching import AdaptiveWaitWindow, BatchLimits
 from deployments.config import BatchingConfig, RuntimeConfig
+from deployments.group_runner import Answers, Group, run_groups
 from deployments.manifest import ResolvedModel
 from deployments.model_repo import recheck_on_replica
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import ServiceError
 
 log = logging.getLogger("ray.serve")
 
@@ -34,10 +34,6 @@ class _ReplicaLimits:
     Ray Serve runs one replica per process, so this is per replica; ``reconfigure`` updates it."""
 
     limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
-
-
-Group = list[EncodedTexts | ServiceError]  # one ingress call: several requests, some may have failed
-Answers = list[ModelOutput | ServiceError]
 
 
 def batch_size(groups: list[Group]) -> int:
@@ -69,7 +65,13 @@ class InferenceDeployment:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._apply(_DEFAULTS)
         self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
-        self._stats = {"batches": 0, "sequences": 0, "real_tokens": 0, "padded_tokens": 0}
+        self._stats = {
+            "batches": 0,
+            "sequences": 0,
+            "real_tokens": 0,
+            "padded_tokens": 0,
+            "isolated_failures": 0,
+        }
         log.info(
             "model %s v%s ready: %s on %s",
             manifest.name,
@@ -98,29 +100,16 @@ class InferenceDeployment:
         batch_size_fn=batch_size,
     )
     async def _infer_batch(self, groups: list[Group]) -> list[Answers]:
-        # An exception here fails every future of this batch (Serve sets it on each): none hangs.
-        sequences = [
-            s for group in groups for e in group if isinstance(e, EncodedTexts) for s in e.sequences()
-        ]
+        # Errors are answers here: a failing batch is retried request by request (run_groups), and an
+        # exception that still escapes fails every future of this batch (Serve sets it on each).
         loop = asyncio.get_running_loop()
-        result = await loop.run_in_executor(self._executor, self._runner.run, sequences, self._limits)
-        if len(result.values) != len(sequences):
-            raise RuntimeError(f"model returned {len(result.values)} rows for {len(sequences)} inputs")
-        if sequences:
-            self._after_batch(len(sequences), result.real_tokens, result.padded_tokens)
-        answers: list[Answers] = []
-        start = 0
-        for group in groups:
-            group_answers: Answers = []
-            for encoded in group:
-                if isinstance(encoded, ServiceError):
-                    group_answers.append(encoded)  # failed upstream: passed on untouched
-                    continue
-                end = start + len(encoded)
-                group_answers.append(self._output(encoded, result.values[start:end]))
-                start = end
-            answers.append(group_answers)
-        return answers
+        run = await loop.run_in_executor(
+            self._executor, run_groups, self._runner, groups, self._limits, self._output
+        )
+        if run.sequences:
+            self._after_batch(run.sequences, run.real_tokens, run.padded_tokens)
+        self._stats["isolated_failures"] += run.isolated_failures
+        return run.answers
 
     def _output(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
         return ModelOutput(

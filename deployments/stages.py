@@ -6,6 +6,7 @@ one with a result or its own error, so one bad request never fails the others.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ray import serve
@@ -15,8 +16,10 @@ from deployments.manifest import ResolvedModel
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
 from preprocess.contracts import EncodedTexts, TokenizeJob
-from preprocess.errors import ServiceError
+from preprocess.errors import InternalError, ServiceError
 from preprocess.tokenize import TextTokenizer
+
+log = logging.getLogger("ray.serve")
 
 
 @serve.deployment(name="Tokenizer", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=64)
@@ -31,6 +34,9 @@ class TokenizerDeployment:
                 results.append(self._tokenizer.encode(job.texts, job.truncate))
             except ServiceError as exc:
                 results.append(exc)
+            except Exception:  # a bug on one request's input must not fail the others in its group
+                log.exception("tokenizer failed on a request")
+                results.append(InternalError("tokenization failed for this request"))
         return results
 
 
@@ -56,4 +62,7 @@ class SerializerDeployment:
                 results.append(serialize(output, opts, self._config.float_decimals))
             except ServiceError as exc:
                 results.append(exc)
+            except Exception:
+                log.exception("serializer failed on a request")
+                results.append(InternalError("serialization failed for this request"))
         return results

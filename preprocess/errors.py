@@ -83,6 +83,13 @@ class NotReadyError(ServiceError):
     code = "not_ready"
 
 
+class ModelExecutionError(ServiceError):
+    """The model failed on this request's input (other requests of its batch were retried apart)."""
+
+    type = "server_error"
+    code = "model_error"
+
+
 class InternalError(ServiceError):
     type = "server_error"
     code = "internal_error"
