@@ -109,6 +109,14 @@ class IngressConfig(_Frozen):
     """Ingress ``user_config``: concurrent requests are grouped so that each downstream call
     (tokenize, infer, serialize) carries many requests; the per-call cost of a hop is then shared."""
 
+    max_in_flight: int = Field(
+        default=512,
+        ge=1,
+        description="Requests inside one ingress replica; past it: 503 + Retry-After at once.",
+    )
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, description="Default deadline; a client may ask for less with X-Request-Timeout."
+    )
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
     group_wait_timeout_s: float = Field(default=0.002, ge=0.0, le=1.0)
     adaptive_wait: bool = True

@@ -7,6 +7,7 @@ others in the same batch still get their results. No Ray; the inference deployme
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from deployments.batching import BatchLimits
 from deployments.runner_base import BatchRunner
 from postprocess.contracts import ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import ModelExecutionError, ServiceError
+from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,22 @@ class GroupRun:
     isolated_failures: int  # requests that failed alone after their batch failed
 
 
+def drop_expired(groups: list[Group], now: float) -> list[Group]:
+    """Requests whose deadline has passed are answered with 504 before they cost model time."""
+    expired = DeadlineExceededError("the request's deadline passed before the model could run it")
+    return [
+        [
+            expired if isinstance(m, EncodedTexts) and m.deadline is not None and m.deadline < now else m
+            for m in g
+        ]
+        for g in groups
+    ]
+
+
 def run_groups(
     runner: BatchRunner, groups: list[Group], limits: BatchLimits, make_output: MakeOutput
 ) -> GroupRun:
+    groups = drop_expired(groups, time.time())
     requests = [e for group in groups for e in group if isinstance(e, EncodedTexts)]
     sequences = [s for r in requests for s in r.sequences()]
     per_request: list[np.ndarray | ServiceError]

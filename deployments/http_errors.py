@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from preprocess.errors import (
+    DeadlineExceededError,
     InternalError,
     InvalidRequestError,
     MethodNotAllowedError,
@@ -17,6 +18,7 @@ from preprocess.errors import (
     ModelNotFoundError,
     NotAcceptableError,
     NotReadyError,
+    OverloadedError,
     PayloadTooLargeError,
     RouteNotFoundError,
     ServiceError,
@@ -24,6 +26,7 @@ from preprocess.errors import (
 )
 
 log = logging.getLogger("textserve.errors")
+RETRY_AFTER_S = 1
 
 # Most specific class first: lookup walks the exception's MRO.
 STATUS_BY_ERROR: dict[type[ServiceError], int] = {
@@ -35,6 +38,8 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     ModelNotFoundError: 404,
     RouteNotFoundError: 404,
     NotReadyError: 503,
+    OverloadedError: 503,
+    DeadlineExceededError: 504,
     InternalError: 500,
     ModelExecutionError: 500,
     ServiceError: 500,
@@ -55,6 +60,8 @@ def as_service_error(exc: BaseException) -> ServiceError:
         return cause
     if isinstance(exc, ServiceError):
         return exc
+    if type(exc).__name__ == "BackPressureError":  # a downstream deployment's bounded queue is full
+        return OverloadedError("the service is at capacity; retry shortly")
     log.exception("internal error while serving a request", exc_info=exc)
     return InternalError("internal error while serving the request; it has been logged")
 
@@ -64,8 +71,8 @@ def error_response(error: ServiceError, headers: dict[str, str] | None = None) -
     if error.param:
         body["error"]["param"] = error.param
     extra = dict(headers or {})
-    if isinstance(error, NotReadyError):
-        extra.setdefault("Retry-After", "1")
+    if isinstance(error, (NotReadyError, OverloadedError)):
+        extra.setdefault("Retry-After", str(RETRY_AFTER_S))
     return Response(
         orjson.dumps(body), status_code=status_of(error), media_type="application/json", headers=extra
     )

@@ -6,6 +6,7 @@ Errors from any stage arrive here and are turned into HTTP responses by ``http_e
 # No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,13 +29,22 @@ from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.render import negotiate_media_type, render
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import (
+    DeadlineExceededError,
     InvalidRequestError,
     NotReadyError,
+    OverloadedError,
     PayloadTooLargeError,
     ServiceError,
     UnsupportedTaskError,
 )
-from preprocess.parsing import check_dimensions, check_input_count, check_model_name, parse_body
+from preprocess.parsing import (
+    TIMEOUT_HEADER,
+    check_dimensions,
+    check_input_count,
+    check_model_name,
+    parse_body,
+    request_timeout,
+)
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 
 HEALTH_TIMEOUT_S = 5.0
@@ -81,6 +91,7 @@ class Ingress:
         self._manifest = model.manifest
         self._limits = limits
         self._config = _DEFAULTS
+        self._in_flight = 0
         self._window = AdaptiveWaitWindow(
             _DEFAULTS.group_wait_timeout_s, _DEFAULTS.min_wait_s, _DEFAULTS.max_wait_s
         )
@@ -109,9 +120,21 @@ class Ingress:
         self._pipeline.set_max_batch_size(config.max_group_size)
         self._pipeline.set_batch_wait_timeout_s(config.group_wait_timeout_s)
 
-    async def _run(self, texts: list[str], truncate: bool, options: ResponseOptions) -> Response:
+    async def _run(
+        self, request: Request, texts: list[str], truncate: bool, options: ResponseOptions
+    ) -> Response:
         check_input_count(texts, self._limits.max_inputs_per_request)
-        result = await self._pipeline(PipelineJob(TokenizeJob(texts, truncate), options))
+        timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
+        if self._in_flight >= self._config.max_in_flight:  # bounded: refuse early instead of queueing
+            raise OverloadedError(f"over {self._config.max_in_flight} requests in flight; retry shortly")
+        job = PipelineJob(TokenizeJob(texts, truncate, deadline=time.time() + timeout), options)
+        self._in_flight += 1
+        try:
+            result = await asyncio.wait_for(self._pipeline(job), timeout)
+        except asyncio.TimeoutError:
+            result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
+        finally:
+            self._in_flight -= 1
         if isinstance(result, ServiceError):
             return error_response(result)
         return Response(
@@ -159,7 +182,7 @@ class Ingress:
             encoding_format=body.encoding_format,
             dimensions=body.dimensions,
         )
-        return await self._run(body.texts, body.truncate, options)
+        return await self._run(request, body.texts, body.truncate, options)
 
     @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
@@ -169,7 +192,7 @@ class Ingress:
         options = ResponseOptions(
             route="predict", media_type=negotiate_media_type(request.headers.get("accept"))
         )
-        return await self._run(body.inputs, body.truncate, options)
+        return await self._run(request, body.inputs, body.truncate, options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:

@@ -6,6 +6,7 @@ one with a result or its own error, so one bad request never fails the others.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -31,7 +32,10 @@ class TokenizerDeployment:
         results: list[EncodedTexts | ServiceError] = []
         for job in jobs:
             try:
-                results.append(self._tokenizer.encode(job.texts, job.truncate))
+                encoded = self._tokenizer.encode(job.texts, job.truncate)
+                results.append(
+                    dataclasses.replace(encoded, deadline=job.deadline) if job.deadline else encoded
+                )
             except ServiceError as exc:
                 results.append(exc)
             except Exception:  # a bug on one request's input must not fail the others in its group

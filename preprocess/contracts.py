@@ -14,6 +14,7 @@ class TokenizeJob:
 
     texts: list[str]
     truncate: bool = False
+    deadline: float | None = None  # epoch seconds; past it the request is dropped before the model
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class EncodedTexts:
     ids: np.ndarray  # int32, shape (total_tokens,)
     offsets: np.ndarray  # int64, shape (n_texts + 1,)
     truncated: int = 0  # how many texts were cut to the model's token limit
+    deadline: float | None = None  # epoch seconds, carried from the request
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

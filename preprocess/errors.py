@@ -78,6 +78,20 @@ class UnsupportedTaskError(InvalidRequestError):
     code = "unsupported_task"
 
 
+class OverloadedError(ServiceError):
+    """Refused at the door: the service's bounded queues are full. Retry after a moment."""
+
+    type = "service_unavailable"
+    code = "overloaded"
+
+
+class DeadlineExceededError(ServiceError):
+    """The request's deadline passed before it could be answered; no model time was spent after that."""
+
+    type = "timeout_error"
+    code = "deadline_exceeded"
+
+
 class NotReadyError(ServiceError):
     type = "service_unavailable"
     code = "not_ready"

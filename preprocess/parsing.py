@@ -93,3 +93,23 @@ def check_dimensions(dimensions: int | None, model_dimension: int) -> None:
         raise InvalidRequestError(
             f"dimensions must be between 1 and {model_dimension}, got {dimensions}", "dimensions"
         )
+
+
+TIMEOUT_HEADER = "x-request-timeout"
+
+
+def request_timeout(header: str | None, default_s: float) -> float:
+    """Seconds this request may take: the client's ``X-Request-Timeout`` (capped at the default)."""
+    if header is None:
+        return default_s
+    try:
+        value = float(header)
+    except ValueError:
+        raise InvalidRequestError(
+            "X-Request-Timeout must be a number of seconds", "x-request-timeout"
+        ) from None
+    if not 0 < value < float("inf"):
+        raise InvalidRequestError(
+            "X-Request-Timeout must be a positive number of seconds", "x-request-timeout"
+        )
+    return min(value, default_s)

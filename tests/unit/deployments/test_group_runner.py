@@ -76,3 +76,18 @@ def test_groups_of_only_errors_run_nothing(default_model):
     err = InputTooLongError("x")
     run = run_groups(runner, [[err], [err]], LIMITS, _make)
     assert run.answers == [[err], [err]] and runner.batches == 0
+
+
+def test_expired_requests_are_dropped_before_the_model(default_model):
+    import dataclasses
+
+    from preprocess.errors import DeadlineExceededError
+
+    runner = PoisonRunner(default_model)
+    expired = dataclasses.replace(_request(POISON), deadline=1.0)  # long past: never reaches the model
+    fresh = dataclasses.replace(_request(31), deadline=4e9)
+    run = run_groups(runner, [[expired, fresh]], LIMITS, _make)
+    dropped, answered = run.answers[0]
+    assert isinstance(dropped, DeadlineExceededError) and dropped.code == "deadline_exceeded"
+    assert answered.values[:, 0].tolist() == [31.0]
+    assert runner.batches == 1 and run.isolated_failures == 0

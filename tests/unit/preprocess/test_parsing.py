@@ -278,3 +278,19 @@ def test_check_dimensions_rejects(dimensions):
     assert info.value.param == "dimensions"
     assert "384" in info.value.message
     assert str(dimensions) in info.value.message
+
+
+@pytest.mark.parametrize(("header", "expected"), [(None, 30.0), ("5", 5.0), ("0.25", 0.25), ("99", 30.0)])
+def test_request_timeout_is_capped_by_the_default(header, expected):
+    from preprocess.parsing import request_timeout
+
+    assert request_timeout(header, 30.0) == expected
+
+
+@pytest.mark.parametrize("header", ["soon", "0", "-2", "nan", "inf"])
+def test_request_timeout_rejects_nonsense(header):
+    from preprocess.parsing import request_timeout
+
+    with pytest.raises(InvalidRequestError) as info:
+        request_timeout(header, 30.0)
+    assert info.value.param == "x-request-timeout"
