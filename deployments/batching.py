@@ -126,6 +126,23 @@ class AdaptiveBatchCap:
         self.current = min(self.current, ceiling) if backed_off else ceiling
 
 
+_UNRECOVERABLE = (
+    "cuda error",
+    "device-side assert",
+    "illegal memory access",
+    "cudnn_status",
+    "cublas_status",
+    "unspecified launch failure",
+    "cuda driver",
+)
+
+
+def is_unrecoverable_device_error(exc: BaseException) -> bool:
+    """A device error after which the CUDA context is unusable: only a new process recovers."""
+    text = str(exc).lower()
+    return not is_out_of_memory(exc) and any(marker in text for marker in _UNRECOVERABLE)
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """CUDA OOM from torch, or an allocation failure from ONNX Runtime."""
     name = type(exc).__name__

@@ -147,6 +147,13 @@ class InferenceDeployment:
             "pid": os.getpid(),
         }
 
+    def check_health(self) -> None:
+        """Ray Serve calls this periodically; raising marks the replica unhealthy and replaces it."""
+        if self._runner.fatal_error is not None:
+            raise RuntimeError(
+                f"unrecoverable device error, replica must be replaced: {self._runner.fatal_error}"
+            )
+
     def ready(self) -> ModelIdentity:
         """Answered only once __init__ (load + warm-up) has finished."""
         return self._identity

@@ -14,6 +14,7 @@ from deployments.batching import (
     AdaptiveBatchCap,
     BatchLimits,
     is_out_of_memory,
+    is_unrecoverable_device_error,
     padding_efficiency,
     plan_micro_batches,
 )
@@ -47,6 +48,7 @@ class BatchRunner(ABC):
         self.pad_id = pad_id
         self.output_size = model.output_size
         self.cap = AdaptiveBatchCap(ceiling=DEFAULT_LIMITS.max_sequences)
+        self.fatal_error: str | None = None
 
     @property
     @abstractmethod
@@ -83,6 +85,10 @@ class BatchRunner(ABC):
         try:
             out[idx] = self._forward(*self._pad([sequences[i] for i in idx], int(lengths[idx].max())))
         except Exception as exc:
+            if is_unrecoverable_device_error(exc):
+                self.fatal_error = (
+                    f"{type(exc).__name__}: {exc}"  # check_health reports it; Serve replaces us
+                )
             if not is_out_of_memory(exc) or len(idx) == 1:
                 raise
             self.cap.on_oom(len(idx))

@@ -132,3 +132,19 @@ def test_cap_follows_a_new_ceiling_unless_backed_off():
     assert cap.current == 16  # memory pressure still holds it down
     cap.set_ceiling(4)
     assert cap.current == 4
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("CUDA error: an illegal memory access was encountered", True),
+        ("CUDA error: device-side assert triggered", True),
+        ("CUBLAS_STATUS_EXECUTION_FAILED when calling cublasSgemm", True),
+        ("CUDA out of memory. Tried to allocate 20.00 MiB", False),  # recoverable: split and retry
+        ("index out of range in self", False),
+    ],
+)
+def test_unrecoverable_device_errors(message, expected):
+    from deployments.batching import is_unrecoverable_device_error
+
+    assert is_unrecoverable_device_error(RuntimeError(message)) is expected

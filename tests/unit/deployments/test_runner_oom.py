@@ -77,3 +77,21 @@ def test_other_errors_are_not_retried(default_model):
     with pytest.raises(ValueError):
         runner.run(_seqs(8), BatchLimits(32, 100_000))
     assert runner.calls == [8] and runner.cap.current == 32
+
+
+def test_unrecoverable_device_error_marks_the_runner_fatal(default_model):
+    class Wrecked(FlakyRunner):
+        def _forward(self, ids, mask):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    runner = Wrecked(default_model, fits=100)
+    assert runner.fatal_error is None
+    with pytest.raises(RuntimeError):
+        runner.run(_seqs(2), BatchLimits(32, 100_000))
+    assert "illegal memory access" in (runner.fatal_error or "")
+
+
+def test_oom_alone_is_not_fatal(default_model):
+    runner = FlakyRunner(default_model, fits=4)
+    runner.run(_seqs(16), BatchLimits(32, 100_000))
+    assert runner.fatal_error is None
