@@ -117,6 +117,12 @@ class IngressConfig(_Frozen):
     request_timeout_s: float = Field(
         default=30.0, gt=0, description="Default deadline; a client may ask for less with X-Request-Timeout."
     )
+    fallback_cache_mb: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="LRU of recent answers served, marked degraded, when the model path "
+        "fails or times out; 0 turns it off.",
+    )
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
     group_wait_timeout_s: float = Field(default=0.002, ge=0.0, le=1.0)
     adaptive_wait: bool = True

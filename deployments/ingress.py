@@ -18,11 +18,13 @@ from starlette.responses import Response
 
 from deployments.batching import AdaptiveWaitWindow
 from deployments.config import IngressConfig, LimitsConfig
+from deployments.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.http_errors import (
     as_service_error,
     error_response,
     handle_http_exception,
     handle_service_error,
+    status_of,
 )
 from deployments.manifest import ResolvedModel
 from postprocess.contracts import ResponseOptions, SerializedResponse
@@ -92,6 +94,8 @@ class Ingress:
         self._limits = limits
         self._config = _DEFAULTS
         self._in_flight = 0
+        self._fallback_bytes = 0.0
+        self._fallback = FallbackCache(0)
         self._window = AdaptiveWaitWindow(
             _DEFAULTS.group_wait_timeout_s, _DEFAULTS.min_wait_s, _DEFAULTS.max_wait_s
         )
@@ -118,6 +122,9 @@ class Ingress:
         self._config = config
         self._window = AdaptiveWaitWindow(config.group_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._pipeline.set_max_batch_size(config.max_group_size)
+        if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
+            self._fallback_bytes = config.fallback_cache_mb * 2**20
+            self._fallback = FallbackCache(int(self._fallback_bytes))
         self._pipeline.set_batch_wait_timeout_s(config.group_wait_timeout_s)
 
     async def _run(
@@ -135,11 +142,17 @@ class Ingress:
             result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
         finally:
             self._in_flight -= 1
+        key = cache_key(options, texts, truncate) if self._fallback.enabled else None
+        headers = {}
         if isinstance(result, ServiceError):
-            return error_response(result)
-        return Response(
-            result.body, media_type=result.media_type, headers={"X-Model-Version": result.model_version}
-        )
+            degraded = self._fallback.recall(key) if key is not None and status_of(result) >= 500 else None
+            if degraded is None:
+                return error_response(result)
+            result, headers = degraded, {DEGRADED_HEADER: "true"}
+        elif key is not None:
+            self._fallback.remember(key, result)
+        headers["X-Model-Version"] = result.model_version
+        return Response(result.body, media_type=result.media_type, headers=headers)
 
     @serve.batch(
         max_batch_size=_DEFAULTS.max_group_size,

@@ -35,7 +35,7 @@ def _ok(http) -> None:
 
 
 def test_client_deadline_gives_504_and_the_service_keeps_serving(http):
-    resp = http.post("/v1/embeddings", json={"input": ["x"] * 64}, headers={"X-Request-Timeout": "0.001"})
+    resp = http.post("/v1/embeddings", json={"input": ["y"] * 64}, headers={"X-Request-Timeout": "0.001"})
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == "deadline_exceeded"
     _ok(http)
@@ -63,3 +63,20 @@ def test_over_capacity_gets_503_with_retry_after_and_nothing_is_lost(http, ingre
         assert r.json()["error"]["code"] == "overloaded"
     assert elapsed < 60
     _ok(http)
+
+
+def test_degraded_answer_from_recent_results_when_the_model_path_is_late(http):
+    # serve_config.yaml turns the fallback cache on (fallback_cache_mb); a late request that was
+    # answered before gets that answer, marked degraded, instead of a 504.
+    body = {"input": ["a text answered once", "and a second one"]}
+    fresh = http.post("/v1/embeddings", json=body)
+    assert fresh.status_code == 200 and "degraded" not in fresh.json()
+    late = http.post("/v1/embeddings", json=body, headers={"X-Request-Timeout": "0.001"})
+    assert late.status_code == 200, late.text
+    assert late.headers["x-degraded"] == "true"
+    assert late.json()["degraded"] is True
+    assert late.json()["data"] == fresh.json()["data"]
+    never_seen = http.post(
+        "/v1/embeddings", json={"input": "never seen"}, headers={"X-Request-Timeout": "0.001"}
+    )
+    assert never_seen.status_code == 504

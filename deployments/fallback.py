@@ -1,0 +1,54 @@
+"""Graceful degradation: answer a failed request from a bounded LRU of recent answers, marked degraded.
+
+Keyed by model version, route, response options and the exact inputs, so a degraded answer is always
+the answer this service gave to the same request recently. Off unless ``fallback_cache_mb`` > 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import ormsgpack
+from cachetools import LRUCache
+
+from postprocess.contracts import MSGPACK, ResponseOptions, SerializedResponse
+
+DEGRADED_HEADER = "X-Degraded"
+
+
+def cache_key(options: ResponseOptions, texts: list[str], truncate: bool) -> Hashable:
+    return (options, tuple(texts), truncate)
+
+
+class FallbackCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.enabled = max_bytes > 0
+        self._cache: LRUCache[Hashable, SerializedResponse] = LRUCache(
+            maxsize=max(max_bytes, 1), getsizeof=lambda r: len(r.body) + 256
+        )
+        self.hits = 0
+
+    def remember(self, key: Hashable, response: SerializedResponse) -> None:
+        if self.enabled and len(response.body) + 256 <= self._cache.maxsize:
+            self._cache[key] = response
+
+    def recall(self, key: Hashable) -> SerializedResponse | None:
+        """The last good answer to this request, with ``"degraded": true`` added to its body."""
+        if not self.enabled:
+            return None
+        cached = self._cache.get(key)
+        if cached is None:
+            return None
+        self.hits += 1
+        return SerializedResponse(
+            mark_degraded(cached.body, cached.media_type), cached.media_type, cached.model_version
+        )
+
+
+def mark_degraded(body: bytes, media_type: str) -> bytes:
+    if media_type == MSGPACK:
+        payload = ormsgpack.unpackb(body)
+        payload["degraded"] = True
+        return ormsgpack.packb(payload)
+    # Every JSON body here is an object: add the flag as its first member without re-parsing.
+    return b'{"degraded":true,' + body[1:] if body.startswith(b"{") and body != b"{}" else body
