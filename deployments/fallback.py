@@ -1,13 +1,16 @@
 """Graceful degradation: answer a failed request from a bounded LRU of recent answers, marked degraded.
 
-Keyed by model version, route, response options and the exact inputs, so a degraded answer is always
-the answer this service gave to the same request recently. Off unless ``fallback_cache_mb`` > 0.
+Keyed by the response options, the truncate flag and a digest of the exact inputs, so a degraded answer
+is the answer this service gave to the same request recently (its X-Model-Version says which model
+version produced it). Bounded in bytes; off unless ``fallback_cache_mb`` > 0.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable
 
+import orjson
 import ormsgpack
 from cachetools import LRUCache
 
@@ -17,7 +20,8 @@ DEGRADED_HEADER = "X-Degraded"
 
 
 def cache_key(options: ResponseOptions, texts: list[str], truncate: bool) -> Hashable:
-    return (options, tuple(texts), truncate)
+    # A digest, not the texts: the cache is bounded by its answers' bytes and must not keep inputs alive.
+    return (options, truncate, hashlib.blake2b(orjson.dumps(texts), digest_size=16).digest())
 
 
 class FallbackCache:

@@ -22,11 +22,14 @@ from preprocess.errors import (
     PayloadTooLargeError,
     RouteNotFoundError,
     ServiceError,
+    UnavailableError,
     UnsupportedMediaTypeError,
 )
 
 log = logging.getLogger("textserve.errors")
 RETRY_AFTER_S = 1
+# Ray's errors for an actor that died or cannot be reached: transient, Serve starts a new replica.
+_REPLICA_GONE = {"RayActorError", "ActorDiedError", "ActorUnavailableError", "ActorUnschedulableError"}
 
 # Most specific class first: lookup walks the exception's MRO.
 STATUS_BY_ERROR: dict[type[ServiceError], int] = {
@@ -39,6 +42,7 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     RouteNotFoundError: 404,
     NotReadyError: 503,
     OverloadedError: 503,
+    UnavailableError: 503,
     DeadlineExceededError: 504,
     InternalError: 500,
     ModelExecutionError: 500,
@@ -60,8 +64,11 @@ def as_service_error(exc: BaseException) -> ServiceError:
         return cause
     if isinstance(exc, ServiceError):
         return exc
-    if type(exc).__name__ == "BackPressureError":  # a downstream deployment's bounded queue is full
+    name = type(exc).__name__
+    if name == "BackPressureError":  # a downstream deployment's bounded queue is full
         return OverloadedError("the service is at capacity; retry shortly")
+    if any(n in _REPLICA_GONE for n in (name, type(cause).__name__)):
+        return UnavailableError("a replica serving this request went away; retry shortly")
     log.exception("internal error while serving a request", exc_info=exc)
     return InternalError("internal error while serving the request; it has been logged")
 
@@ -71,7 +78,7 @@ def error_response(error: ServiceError, headers: dict[str, str] | None = None) -
     if error.param:
         body["error"]["param"] = error.param
     extra = dict(headers or {})
-    if isinstance(error, (NotReadyError, OverloadedError)):
+    if isinstance(error, (NotReadyError, OverloadedError, UnavailableError)):
         extra.setdefault("Retry-After", str(RETRY_AFTER_S))
     return Response(
         orjson.dumps(body), status_code=status_of(error), media_type="application/json", headers=extra

@@ -85,6 +85,13 @@ class OverloadedError(ServiceError):
     code = "overloaded"
 
 
+class UnavailableError(ServiceError):
+    """A stage's replica died or is restarting; Ray Serve replaces it within seconds."""
+
+    type = "service_unavailable"
+    code = "unavailable"
+
+
 class DeadlineExceededError(ServiceError):
     """The request's deadline passed before it could be answered; no model time was spent after that."""
 

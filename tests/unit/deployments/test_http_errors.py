@@ -210,3 +210,14 @@ def test_handle_http_exception(status, headers, expected_status, code):
     assert body["error"]["code"] == code
     if headers:
         assert resp.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize("name", ["ActorDiedError", "RayActorError", "ActorUnavailableError"])
+def test_dead_replica_is_a_retryable_503(name):
+    from preprocess.errors import UnavailableError
+
+    exc = type(name, (Exception,), {})("the actor died unexpectedly")
+    err = as_service_error(exc)
+    assert isinstance(err, UnavailableError)
+    resp = error_response(err)
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
