@@ -1,0 +1,1 @@
+"""Benchmark and tuning tools for the embedding service: python -m bench, python -m bench.tune."""

@@ -1,0 +1,158 @@
+"""Infinity (``infinity-emb`` 0.0.78), the peer: its own virtual environment, model copy and commands.
+
+Infinity pins an older transformers than this project, so it lives in ``.bench/infinity-venv``, made on
+request (``--with-infinity``). The CPU build of torch is installed first so that pip keeps it instead of
+pulling a multi-GB CUDA build, then ``infinity-emb[server,torch,optimum]`` (``[all]`` would pull vision
+and audio stacks), then any ``torchvision`` is removed (it breaks beside the CPU torch build).
+
+Both engines serve a scratch copy of the default model's weights: ``torch``, and ``optimum`` (ONNX
+Runtime) with a ``model.onnx`` exported beside the weights. Version 0.0.78 only finds a local ONNX file
+when started inside the model directory with ``--model-id .``. Pooling is passed explicitly: with
+``auto`` the optimum engine falls back to CLS pooling for this model (cosine ~0.5 against the reference).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+INFINITY_VERSION = "0.0.78"
+EXTRAS = "server,torch,optimum"
+ENGINES = ("torch", "optimum")
+
+
+class InfinityUnavailable(RuntimeError):
+    """Infinity cannot run here; the message says why (it goes into the report)."""
+
+
+@dataclass(frozen=True)
+class InfinityEnv:
+    venv: Path
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    @property
+    def cli(self) -> Path:
+        return self.venv / "bin" / "infinity_emb"
+
+    def version(self) -> str:
+        out = subprocess.run(
+            [str(self.python), "-c", "import importlib.metadata as m; print(m.version('infinity_emb'))"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return out.stdout.strip()
+
+
+def _run(cmd: list[str], log: Path, timeout_s: float) -> None:
+    with log.open("a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise InfinityUnavailable(
+                f"timed out after {timeout_s:.0f} s: {' '.join(cmd)} (log: {log})"
+            ) from None
+    if done.returncode != 0:
+        raise InfinityUnavailable(f"failed (exit {done.returncode}): {' '.join(cmd)} (log: {log})")
+
+
+def torch_pin() -> str:
+    """This environment's exact torch build (``torch==2.13.0+cpu``): the local version label keeps pip
+    from choosing a CUDA build, and a missing wheel fails loudly instead of downloading gigabytes."""
+    return f"torch=={importlib.metadata.version('torch')}"
+
+
+def ensure_venv(venv: Path, log: Path, install_timeout_s: float = 1800.0) -> InfinityEnv:
+    """Create (once) and return the Infinity environment; raises InfinityUnavailable with the reason."""
+    pin = torch_pin()
+    if "+cpu" not in pin:
+        raise InfinityUnavailable(
+            f"this environment's torch is not a CPU build ({pin}); install Infinity by hand"
+        )
+    env = InfinityEnv(venv)
+    stamp = venv / f".bench-installed-{INFINITY_VERSION}"
+    if stamp.is_file() and env.cli.is_file():
+        return env
+    log.parent.mkdir(parents=True, exist_ok=True)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    if not env.python.is_file():
+        _run([sys.executable, "-m", "venv", str(venv)], log, 300)
+    pip = [str(env.python), "-m", "pip", "install", "--disable-pip-version-check"]
+    _run([*pip, pin], log, install_timeout_s)
+    _run([*pip, f"infinity-emb[{EXTRAS}]=={INFINITY_VERSION}", pin], log, install_timeout_s)
+    _run([str(env.python), "-m", "pip", "uninstall", "-y", "torchvision"], log, 300)
+    check = (
+        "import torch, infinity_emb, optimum.onnxruntime; "
+        "assert '+cpu' in torch.__version__, torch.__version__"
+    )
+    _run([str(env.python), "-c", check], log, 300)
+    stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    return env
+
+
+def prepare_model(env: InfinityEnv, source: Path, dest: Path, log: Path) -> Path:
+    """Copy the weights to ``dest`` and export ``model.onnx`` beside them (once)."""
+    if not (dest / "config.json").is_file():
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(source, dest, ignore=shutil.ignore_patterns("model.onnx", "onnx"))
+    if not (dest / "model.onnx").is_file():
+        export = (
+            "from optimum.onnxruntime import ORTModelForFeatureExtraction as M; "
+            "M.from_pretrained('.', export=True).save_pretrained('.')"
+        )
+        with log.open("a") as f:
+            f.write(f"$ (cd {dest}) python -c {export!r}\n")
+            f.flush()
+            done = subprocess.run(
+                [str(env.python), "-c", export], cwd=dest, stdout=f, stderr=subprocess.STDOUT, timeout=900
+            )
+        if done.returncode != 0 or not (dest / "model.onnx").is_file():
+            raise InfinityUnavailable(f"ONNX export for Infinity's optimum engine failed (log: {log})")
+    return dest
+
+
+def command(
+    env: InfinityEnv, engine: str, model_dir: Path, port: int, model_name: str
+) -> tuple[list[str], Path]:
+    """The command line and working directory for one Infinity engine."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown Infinity engine {engine!r}; one of {ENGINES}")
+    cmd = [
+        str(env.cli),
+        "v2",
+        "--model-id",
+        "." if engine == "optimum" else str(model_dir),
+        "--served-model-name",
+        model_name,
+        "--engine",
+        engine,
+        "--device",
+        "cpu",
+        "--batch-size",
+        "32",
+        "--pooling-method",
+        "mean",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",  # no access log, like the other servers here
+    ]
+    return cmd, model_dir
+
+
+def server_env(base: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in base.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update(HF_HUB_OFFLINE="1", INFINITY_ANONYMOUS_USAGE_STATS="0", DO_NOT_TRACK="1")
+    return env

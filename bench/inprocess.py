@@ -1,0 +1,204 @@
+"""The in-process limit: tokenize + forward + pool with no serving at all, per model backend.
+
+Run in a child process by the benchmark (so the models and their thread pools are gone before the
+servers are measured):
+
+    python -m bench.inprocess --request req.json --out out.json
+
+The request names model directories (each holding a ``manifest.json``; the manifest's format picks
+torch or ONNX Runtime) and the texts. Two rows per model: batch 1 (one text per call) and length-sorted
+batch 32 (the texts sorted by token count, cut into groups of 32, the groups in shuffled order). It also
+computes reference embeddings for the correctness check of every HTTP system, with plain transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench.machine import OtherLoadProbe, wait_for_quiet
+from bench.results import Point, retry_disturbed, summarize
+
+MAX_CALLS = 1_000_000
+
+
+def load_model_dir(model_dir: Path) -> Any:
+    """The ResolvedModel described by ``model_dir/manifest.json`` (checked, without hashing files)."""
+    from deployments.manifest import ResolvedModel, load_manifest, weights_dir_of
+    from deployments.weights_check import check_weights
+
+    path = (model_dir / "manifest.json").resolve()
+    manifest = load_manifest(path)
+    weights = weights_dir_of(manifest, path)
+    check_weights(manifest, weights, path, False)
+    return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights)
+
+
+def make_runner(model: Any) -> Any:
+    try:
+        from deployments.backends import create_runner
+    except ImportError:  # before the backends module existed: torch only
+        import torch
+
+        from deployments.model_runner import ModelRunner
+        from preprocess.tokenize import pad_token_id
+
+        if getattr(model.manifest, "format", "transformers") != "transformers":
+            raise RuntimeError("this checkout has no deployments.backends for non-torch models") from None
+        return ModelRunner(model, torch.device("cpu"), pad_token_id(model.tokenizer_file))
+    return create_runner(model, device="cpu")
+
+
+def run_batch(runner: Any, sequences: list[Any], batch: int, max_tokens: int) -> None:
+    """``runner.run`` with at most ``batch`` sequences per forward pass, whichever run() signature."""
+    params = inspect.signature(runner.run).parameters
+    if "limits" in params:
+        from deployments.batching import BatchLimits
+
+        runner.run(sequences, BatchLimits(max_sequences=batch, max_tokens=batch * max_tokens))
+    else:
+        runner.run(sequences, max_batch=batch)
+
+
+def sorted_groups(lengths: list[int], size: int, seed: int) -> list[list[int]]:
+    """Indices sorted by length, cut into groups of ``size`` (full groups only), in shuffled order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    groups = [order[i : i + size] for i in range(0, len(order) - size + 1, size)]
+    random.Random(seed).shuffle(groups)
+    return groups
+
+
+def measure_model(
+    label: str,
+    model_dir: Path,
+    texts: list[str],
+    warmup_s: float,
+    duration_s: float,
+    seed: int,
+    max_other_load: float = 1.0,
+    retries: int = 0,
+    quiet_wait_s: float = 0.0,
+) -> list[Point]:
+    from preprocess.tokenize import TextTokenizer
+
+    model = load_model_dir(model_dir)
+    max_tokens = model.manifest.input.max_tokens
+    tok = TextTokenizer(model.tokenizer_file, max_tokens)
+    runner = make_runner(model)
+    lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
+    points = []
+    for batch, workload in ((1, "b1"), (32, "b32-sorted")):
+        groups = [[texts[i] for i in g] for g in sorted_groups(lengths, batch, seed)]
+
+        def call(group: list[str], batch: int = batch) -> None:
+            enc = tok.encode(group, truncate=True)
+            run_batch(runner, list(enc.sequences()), batch, max_tokens)
+
+        row = functools.partial(
+            _measure_row,
+            f"inprocess-{label}",
+            workload,
+            batch,
+            call,
+            groups,
+            warmup_s,
+            duration_s,
+            max_other_load,
+            quiet_wait_s,
+        )
+        point, _, taken = retry_disturbed(row, max_other_load, retries)
+        if taken > 1:
+            print(f"{label} {workload}: {taken} measurements (the first ones were disturbed)", flush=True)
+        points.append(point)
+    return points
+
+
+def _measure_row(
+    system: str,
+    workload: str,
+    batch: int,
+    call: Any,
+    groups: list[list[str]],
+    warmup_s: float,
+    duration_s: float,
+    quiet_threshold: float,
+    quiet_wait_s: float,
+) -> tuple[Point, list[str]]:
+    if quiet_wait_s > 0:
+        wait_for_quiet(None, quiet_threshold, quiet_wait_s)
+    latencies, other = _timed_loop(call, groups, warmup_s, duration_s)
+    return summarize(system, workload, 1, batch, sum(latencies), latencies, 0, other_load=other), []
+
+
+def _timed_loop(
+    call: Any, groups: list[list[str]], warmup_s: float, duration_s: float
+) -> tuple[list[float], float | None]:
+    """Call cyclically over ``groups``: ``warmup_s`` unmeasured, then ``duration_s`` of timed calls.
+    Returns the latencies and the share of the CPUs other processes used meanwhile."""
+    latencies: list[float] = []
+    probe = OtherLoadProbe(server_session=None)  # everything but this process is "other"
+    start = time.perf_counter()
+    measuring = False
+    for n in range(MAX_CALLS):
+        t0 = time.perf_counter()
+        if t0 - start >= warmup_s + duration_s:
+            break
+        if not measuring and t0 - start >= warmup_s:
+            probe.start()
+            measuring = True
+        call(groups[n % len(groups)])
+        if measuring:
+            latencies.append(time.perf_counter() - t0)
+    return latencies, probe.stop()
+
+
+def reference_embeddings(model_dir: Path | None, texts: list[str]) -> list[list[float]]:
+    from bench.naive_server import default_model_dir, embed_texts, load
+
+    tokenizer, model = load(model_dir or default_model_dir())
+    return [[float(x) for x in row] for row in embed_texts(tokenizer, model, texts)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="In-process limit of the model backends.")
+    parser.add_argument("--request", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    ns = parser.parse_args(argv)
+    req = json.loads(ns.request.read_text())
+    result: dict[str, Any] = {"points": [], "skipped": {}, "reference": []}
+    for spec in req["specs"]:
+        label, model_dir = spec["label"], Path(spec["model_dir"])
+        try:
+            points = measure_model(
+                label,
+                model_dir,
+                req["texts"],
+                req["warmup_s"],
+                req["duration_s"],
+                req.get("seed", 0),
+                req.get("max_other_load", 1.0),
+                req.get("retries", 0),
+                req.get("quiet_wait_s", 0.0),
+            )
+            result["points"] += [asdict(p) for p in points]
+            for p in points:
+                print(f"{p.system} {p.workload}: {p.seq_per_s} seq/s, p50 {p.p50_ms} ms", flush=True)
+        except Exception as exc:  # one backend failing must not hide the others
+            result["skipped"][label] = f"{type(exc).__name__}: {exc}"
+            print(f"{label}: skipped: {exc}", file=sys.stderr, flush=True)
+    if req.get("check_texts"):
+        result["reference"] = reference_embeddings(None, req["check_texts"])
+    ns.out.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""Latency (p50 and p99) against throughput, one colour per system (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.results import Point
+
+
+def _series(points: Sequence[Point], workload: str) -> dict[str, list[Point]]:
+    out: dict[str, list[Point]] = {}
+    for p in points:
+        if p.workload == workload and p.p50_ms is not None:
+            out.setdefault(p.system, []).append(p)
+    return {k: sorted(v, key=lambda p: p.concurrency) for k, v in out.items()}
+
+
+def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
+    """Two panels: W1 (one text per request; x = req/s) and W2 (32 texts per request; x = seq/s).
+    In-process limits are drawn as vertical lines on the W2 panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    systems = sorted({p.system for p in points if not p.system.startswith("inprocess-")})
+    colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
+    panels = (
+        (axes[0], "W1", "req/s", "W1: one text per request (closed loop, c = 1, 8, 32)"),
+        (axes[1], "W2", "seq/s", "W2: 32 texts per request"),
+    )
+    for ax, workload, unit, label in panels:
+        for system, series in _series(points, workload).items():
+            if system.startswith("inprocess-"):
+                continue
+            xs = [p.req_per_s if unit == "req/s" else p.seq_per_s for p in series]
+            color = colors[system]
+            ax.plot(xs, [p.p50_ms for p in series], "o-", color=color, label=f"{system} p50")
+            ax.plot(xs, [p.p99_ms for p in series], "s--", color=color, alpha=0.7, label=f"{system} p99")
+            for x, p in zip(xs, series, strict=True):
+                ax.annotate(
+                    f"c={p.concurrency}",
+                    (x, p.p99_ms or 0),
+                    fontsize=7,
+                    alpha=0.7,
+                    textcoords="offset points",
+                    xytext=(3, 3),
+                )
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel(f"throughput ({unit})")
+        ax.set_ylabel("latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+    for i, p in enumerate(q for q in points if q.system.startswith("inprocess-")):
+        style = ":" if p.workload == "b1" else "-."
+        axes[1].axvline(
+            p.seq_per_s,
+            linestyle=style,
+            color=plt.get_cmap("Dark2")(i % 8),
+            label=f"{p.system} {p.workload} (limit)",
+        )
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_curve(points: Sequence[Point], path: Path, title: str, x_unit: str = "seq/s") -> Path:
+    """A single latency-throughput curve (ramp, tuner), points labelled by concurrency or setting."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 5))
+    xs = [p.seq_per_s if x_unit == "seq/s" else p.req_per_s for p in points]
+    ax.plot(xs, [p.p50_ms for p in points], "o-", label="p50")
+    ax.plot(xs, [p.p99_ms for p in points], "s--", label="p99")
+    for x, p in zip(xs, points, strict=True):
+        label = f"c={p.concurrency}" if not p.setting else ",".join(f"{v}" for v in p.setting.values())
+        ax.annotate(label, (x, p.p99_ms or 0), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    ax.set_xlabel(f"throughput ({x_unit})")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

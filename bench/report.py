@@ -1,0 +1,192 @@
+"""Markdown rendering of a run, and the ratios the issue asks for, all from the same run."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bench.results import Point, Ratio, RunReport, SystemInfo
+
+INFINITY_ONNX = "infinity-onnx"
+INPROCESS_ONNX = "inprocess-onnx"
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def points_table(points: Sequence[Point]) -> str:
+    """One row per point: req/s, sequences/s, latency percentiles, errors, client CPU."""
+    header = (
+        "| system | workload | concurrency | texts/req | req/s | seq/s | p50 ms | p90 ms | p99 ms "
+        "| errors | requests | client CPU | other load |"
+    )
+    lines = [header, "|" + "---|" * 13]
+    for p in points:
+        cpu = "-" if p.client_cpu is None else f"{p.client_cpu * 100:.0f} %"
+        other = "-" if p.other_load is None else f"{p.other_load * 100:.0f} %"
+        lines.append(
+            f"| {p.system} | {p.workload} | {p.concurrency} | {p.texts_per_request} | {_num(p.req_per_s)} "
+            f"| {_num(p.seq_per_s)} | {_num(p.p50_ms)} | {_num(p.p90_ms)} | {_num(p.p99_ms)} | {p.errors} "
+            f"| {p.requests} | {cpu} | {other} |"
+        )
+    return "\n".join(lines)
+
+
+def systems_table(systems: Sequence[SystemInfo]) -> str:
+    lines = [
+        "| system | what | ran | output check (min cosine vs reference) | note |",
+        "|---|---|---|---|---|",
+    ]
+    for s in systems:
+        check = "-" if s.check_min_cosine is None else f"{s.check_min_cosine:.5f}"
+        if s.check_min_cosine is not None and s.check_min_cosine < 0.99:
+            check += " **WRONG OUTPUT**"
+        note = s.reason.replace("\n", " ").replace("|", "\\|")
+        lines.append(f"| {s.name} | {s.description} | {'yes' if s.ran else 'no'} | {check} | {note} |")
+    return "\n".join(lines)
+
+
+def _why_missing(report: RunReport, system: str) -> str:
+    info = report.system(system)
+    if info is None:
+        return f"{system} was not part of this run"
+    return f"{system} did not run: {info.reason}" if not info.ran else f"{system} has no such point"
+
+
+def _disturbed(points: Sequence[Point], max_other_load: float) -> str:
+    bad = [p for p in points if p.other_load is not None and p.other_load > max_other_load]
+    if not bad:
+        return ""
+    return "; DISTURBED: " + ", ".join(f"{p.system} {p.workload} other load {p.other_load:.0%}" for p in bad)
+
+
+def _compare(
+    report: RunReport,
+    name: str,
+    pair: tuple[tuple[str, Point | None], tuple[str, Point | None]],
+    metric: str,
+    target: float,
+    max_other_load: float,
+    higher_is_better: bool = True,
+) -> Ratio:
+    """``metric`` of the first point over the second's, against ``target``; the detail names the
+    inputs, or why one is missing, and any point measured while other processes loaded the machine."""
+    (num_sys, num), (den_sys, den) = pair
+    want = f">= {target:g}" if higher_is_better else f"<= {target:g}"
+    if num is None or den is None:
+        return Ratio(name, None, want, None, _why_missing(report, num_sys if num is None else den_sys))
+    a, b = getattr(num, metric), getattr(den, metric)
+    unit = {"seq_per_s": "seq/s", "req_per_s": "req/s", "p99_ms": "ms p99"}[metric]
+    detail = (
+        f"{a} / {b} {unit} ({num.system} {num.workload} c={num.concurrency} vs "
+        f"{den.system} {den.workload} c={den.concurrency})" + _disturbed([num, den], max_other_load)
+    )
+    if a is None or not b:
+        return Ratio(name, None, want, None, detail)
+    value = round(a / b, 2)
+    return Ratio(name, value, want, value >= target if higher_is_better else value <= target, detail)
+
+
+def compute_ratios(
+    report: RunReport, service_names: Sequence[str], w1_conc: int = 8, max_other_load: float = 0.1
+) -> list[Ratio]:
+    """Service vs Infinity-ONNX and vs the in-process ONNX limit (its best row), per service variant."""
+    inf_w2 = (INFINITY_ONNX, report.point(INFINITY_ONNX, "W2"))
+    inf_w1 = (INFINITY_ONNX, report.point(INFINITY_ONNX, "W1", w1_conc))
+    onnx_rows = [p for p in report.points if p.system == INPROCESS_ONNX]
+    limit = (INPROCESS_ONNX, max(onnx_rows, key=lambda p: p.seq_per_s, default=None))
+    ratios: list[Ratio] = []
+    for name in service_names:
+        w2 = (name, report.point(name, "W2"))
+        w1 = (name, report.point(name, "W1", w1_conc))
+        lim = max_other_load
+        ratios += [
+            _compare(
+                report, f"{name} W2 seq/s ÷ Infinity-ONNX W2 seq/s", (w2, inf_w2), "seq_per_s", 2.0, lim
+            ),
+            _compare(report, f"{name} W2 seq/s ÷ in-process ONNX limit", (w2, limit), "seq_per_s", 0.8, lim),
+            _compare(
+                report, f"{name} W1 c={w1_conc} req/s ÷ Infinity-ONNX", (w1, inf_w1), "req_per_s", 1.0, lim
+            ),
+            _compare(
+                report,
+                f"{name} W1 c={w1_conc} p99 ÷ Infinity-ONNX p99",
+                (w1, inf_w1),
+                "p99_ms",
+                1.0,
+                lim,
+                False,
+            ),
+        ]
+    return ratios
+
+
+def ratios_table(ratios: Sequence[Ratio]) -> str:
+    lines = ["| ratio | value | target | met | from |", "|---|---|---|---|---|"]
+    for r in ratios:
+        met = "n/a" if r.met is None else ("yes" if r.met else "**no**")
+        value = "n/a" if r.value is None else f"{r.value:.2f}"
+        lines.append(f"| {r.name} | {value} | {r.target} | {met} | {r.detail} |")
+    return "\n".join(lines)
+
+
+def _disturbance_note(report: RunReport) -> list[str]:
+    limit = float(report.options.get("max_other_load", 0.1))
+    bad = [p for p in report.points if p.other_load is not None and p.other_load > limit]
+    if not bad:
+        return []
+    return [
+        f"**{len(bad)} of {len(report.points)} points were measured while other processes used more than "
+        f'{limit:.0%} of the CPUs** (column "other load"; the least disturbed of '
+        f"{1 + int(report.options.get('retries', 0))} tries is shown): their numbers are lower than this "
+        "machine can do. Re-run on a quiet machine before drawing conclusions from them.",
+        "",
+    ]
+
+
+def render(report: RunReport, plot_name: str | None = "plot.png", level: int = 2) -> str:
+    """The whole report as markdown: machine, systems, points, ratios, plot."""
+    m = report.machine
+    corpus = report.corpus
+    h = "#" * level
+    parts = [
+        f"Command: `{report.command}`",
+        "",
+        f"Run: {report.started_at} → {report.finished_at}, checkout {m.get('git', '?')}. "
+        f"Machine: {m.get('cpu_model', '?')}, "
+        f"{m.get('nproc', '?')} CPUs, {m.get('ram_gib', '?')} GiB RAM; {m.get('versions', '')}.",
+        "",
+        f"Corpus: {corpus.get('texts')} texts of real English prose (Python's reference docs), "
+        f"{corpus.get('words_mean')} words on average (min {corpus.get('words_min')}, median "
+        f"{corpus.get('words_p50')}, p90 {corpus.get('words_p90')}, max {corpus.get('words_max')}); "
+        f"{corpus.get('tokens_mean', '?')} tokens on average.",
+        "",
+        f"{h} Systems",
+        "",
+        systems_table(report.systems),
+        "",
+        f"{h} Results",
+        "",
+        *_disturbance_note(report),
+        points_table(report.points),
+        "",
+        f"{h} Ratios (same run)",
+        "",
+        ratios_table(report.ratios),
+    ]
+    if plot_name:
+        parts += ["", f"![latency against throughput]({plot_name})"]
+    return "\n".join(parts) + "\n"
+
+
+BEGIN_MARK = "<!-- bench:begin (generated by python -m bench run --doc; edits inside are overwritten) -->"
+END_MARK = "<!-- bench:end -->"
+
+
+def splice_doc(doc: str, generated: str) -> str:
+    """``doc`` with the text between the bench markers replaced by ``generated`` (appended if absent)."""
+    block = f"{BEGIN_MARK}\n{generated.rstrip()}\n{END_MARK}"
+    start, end = doc.find("<!-- bench:begin"), doc.find(END_MARK)
+    if start == -1 or end == -1 or end < start:
+        return doc.rstrip() + "\n\n" + block + "\n"
+    return doc[:start] + block + doc[end + len(END_MARK) :]

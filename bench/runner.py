@@ -1,0 +1,340 @@
+"""``python -m bench run``: every system on the same corpus and workloads, one after the other.
+
+Order: the in-process rows (a child process), then each HTTP system alone on the machine: this
+service's variants, the naive FastAPI endpoint, Infinity with its torch and ONNX engines. Each server
+is started, checked against reference embeddings, warmed up and measured per point, then stopped
+(always, even on error) before the next one starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import infinity, loadgen, machine, report, systems
+from bench.cli import WORK_DIR, Options
+from bench.corpus import Corpus, batches, build_corpus
+from bench.results import Point, RunReport, SystemInfo, retry_disturbed
+from bench.service import ROOT, load_config
+
+CHECK_TEXTS = 8
+
+
+def ensure_work_dir() -> Path:
+    WORK_DIR.mkdir(exist_ok=True)
+    ignore = WORK_DIR / ".gitignore"
+    if not ignore.exists():
+        ignore.write_text("# benchmark scratch: virtualenvs, model copies, logs\n*\n")
+    return WORK_DIR
+
+
+def token_counter() -> Any:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(systems_model_dir() / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+def systems_model_dir() -> Path:
+    from bench.naive_server import default_model_dir
+
+    return default_model_dir()
+
+
+def prepare_corpus(
+    seed: int, limit: int | None = None, max_tokens: int = 256
+) -> tuple[Corpus, dict[str, Any]]:
+    """The corpus without texts over the model's token limit (the service would refuse them)."""
+    tok = token_counter()
+    corpus = build_corpus(seed, limit)
+    fits = corpus.filtered(lambda t: len(tok.encode(t).ids) <= max_tokens)
+    tokens = [len(e.ids) for e in tok.encode_batch(list(fits.texts))]
+    stats: dict[str, Any] = dict(fits.stats())
+    stats.update(tokens_mean=round(sum(tokens) / len(tokens), 1), tokens_max=max(tokens), seed=seed)
+    stats["dropped_over_token_limit"] = len(corpus) - len(fits)
+    return fits, stats
+
+
+def ensure_onnx_export(model_dir: Path, log: Path) -> Path:
+    """``python -m deployments.export_onnx`` into .bench (re-done when the exporter changes)."""
+    out = WORK_DIR / "onnx-export" / "-".join(model_dir.resolve().parts[-2:])
+    exporter = ROOT / "deployments" / "export_onnx.py"
+    manifest = out / "manifest.json"
+    if manifest.is_file() and exporter.is_file() and manifest.stat().st_mtime > exporter.stat().st_mtime:
+        return out
+    cmd = [sys.executable, "-m", "deployments.export_onnx", "--model", str(model_dir), "--out", str(out)]
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as f:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=900)
+    if done.returncode != 0 or not manifest.is_file():
+        raise RuntimeError(f"ONNX export failed (exit {done.returncode}); log: {log}")
+    return out
+
+
+def inprocess_specs(opts: Options, rep: RunReport, log_dir: Path) -> list[tuple[str, Path]]:
+    if not opts.inprocess_enabled:
+        return []
+    specs = list(opts.inprocess) or [("torch", opts.model_dir)]
+    if opts.onnx and not opts.inprocess:
+        try:
+            specs.append(("onnx", ensure_onnx_export(opts.model_dir, log_dir / "onnx-export.log")))
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            rep.systems.append(
+                SystemInfo("inprocess-onnx", "inprocess", "ONNX Runtime in process", reason=str(exc))
+            )
+    return specs
+
+
+def run_inprocess(
+    opts: Options, rep: RunReport, corpus: Corpus, check_texts: list[str], log_dir: Path
+) -> np.ndarray:
+    """Measure the in-process rows in a child process; returns the reference embeddings."""
+    specs = inprocess_specs(opts, rep, log_dir)
+    request = {
+        "specs": [{"label": label, "model_dir": str(path)} for label, path in specs],
+        "texts": list(corpus.texts),
+        "check_texts": check_texts,
+        "warmup_s": opts.inprocess_warmup_s,
+        "duration_s": opts.inprocess_duration_s,
+        "seed": opts.seed,
+        "max_other_load": opts.max_other_load,
+        "retries": opts.retries,
+        "quiet_wait_s": opts.quiet_wait_s,
+    }
+    req_file, out_file = log_dir / "inprocess-request.json", log_dir / "inprocess-result.json"
+    req_file.write_text(json.dumps(request))
+    timeout = 600 + len(specs) * 2 * (opts.inprocess_warmup_s + opts.inprocess_duration_s + 60)
+    log_path = log_dir / "inprocess.log"
+    try:
+        with log_path.open("a") as log:
+            subprocess.run(
+                [sys.executable, "-m", "bench.inprocess", "--request", str(req_file), "--out", str(out_file)],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=timeout,
+                check=True,
+            )
+        result = json.loads(out_file.read_text())
+    except (subprocess.SubprocessError, OSError, ValueError) as exc:
+        why = f"in-process child failed ({type(exc).__name__}); log: {log_path}"
+        print(why, file=sys.stderr, flush=True)
+        result = {"points": [], "skipped": {label: why for label, _ in specs}, "reference": []}
+    for label, path in specs:
+        reason = result["skipped"].get(label, "")
+        info = SystemInfo(
+            f"inprocess-{label}",
+            "inprocess",
+            f"tokenize + forward + pool in process: {_shown(path)}",
+            ran=not reason,
+            reason=reason,
+        )
+        rep.systems.append(info)
+    for raw in result["points"]:
+        point = Point(**raw)
+        rep.points.append(point)
+        print(_row(point), flush=True)
+    return np.asarray(result["reference"], dtype=np.float32)
+
+
+def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.Server | None]]:
+    """Each HTTP system in turn, with its SystemInfo (a None server: it cannot run; the reason is set)."""
+    for variant in opts.services:
+        server = systems.ServiceServer(variant, log_dir, opts.num_cpus)
+        yield SystemInfo(server.name, "service", server.description), server
+    if opts.naive:
+        server = systems.naive_server(log_dir)
+        yield SystemInfo(server.name, "naive", server.description), server
+    labels = {"torch": "infinity-torch", "optimum": "infinity-onnx"}
+    if not opts.with_infinity:
+        for engine, label in labels.items():
+            yield (
+                SystemInfo(
+                    label, "infinity", f"Infinity --engine {engine}", reason="not requested (--with-infinity)"
+                ),
+                None,
+            )
+        return
+    try:
+        print(f"preparing Infinity in {opts.infinity_venv} (first time: several minutes)", flush=True)
+        env = infinity.ensure_venv(opts.infinity_venv, log_dir / "infinity-install.log")
+        model = infinity.prepare_model(
+            env, systems_model_dir(), WORK_DIR / "infinity-model", log_dir / "infinity-install.log"
+        )
+    except (infinity.InfinityUnavailable, OSError, subprocess.SubprocessError) as exc:
+        print(f"Infinity unavailable: {exc}", file=sys.stderr, flush=True)
+        for engine, label in labels.items():
+            yield (
+                SystemInfo(
+                    label, "infinity", f"Infinity --engine {engine}", reason=f"Infinity unavailable: {exc}"
+                ),
+                None,
+            )
+        return
+    for engine in infinity.ENGINES:
+        server = systems.infinity_server(env, engine, model, log_dir)
+        yield SystemInfo(server.name, "infinity", server.description), server
+
+
+def workload_plan(opts: Options, corpus: Corpus) -> list[tuple[str, list[list[str]], int]]:
+    singles = [[t] for t in corpus.texts]
+    groups = batches(corpus.texts, opts.w2_texts)
+    plan = [("W1", singles, c) for c in opts.w1_concurrency]
+    return plan + [("W2", groups, c) for c in opts.w2_concurrency]
+
+
+def measure_server(
+    opts: Options,
+    rep: RunReport,
+    info: SystemInfo,
+    server: systems.Server,
+    corpus: Corpus,
+    check_texts: list[str],
+    reference: np.ndarray,
+) -> None:
+    load = machine.wait_quiet()
+    if load > 0.25:
+        info.reason = f"other load on the machine before start: {load:.0%} of all CPUs. "
+    try:
+        seconds = server.start()
+        print(f"{info.name}: up in {seconds:.1f} s at {server.base_url}", flush=True)
+        url = server.base_url + server.embeddings_path
+        if len(reference):
+            info.check_min_cosine = round(
+                systems.min_cosine(systems.fetch_embeddings(url, check_texts), reference), 6
+            )
+        target = loadgen.Target(url, systems.MODEL_NAME, opts.encoding_format)
+        timing = loadgen.Timing(opts.warmup_s, opts.duration_s, opts.request_timeout_s)
+        for workload, groups, conc in workload_plan(opts, corpus):
+            requests = loadgen.encode_requests(target, groups)
+            once = functools.partial(
+                measure_when_quiet,
+                opts,
+                info.name,
+                workload,
+                target,
+                requests,
+                conc,
+                timing,
+                server.session_id,
+            )
+            point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
+            if taken > 1:
+                print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
+            rep.points.append(point)
+            print(_row(point), flush=True)
+            if errors:
+                info.reason += f"{workload} c={conc} errors, e.g. {errors[0][:160]}. "
+        info.ran = True
+    except Exception as exc:  # one system failing must not stop the others
+        info.reason += f"{type(exc).__name__}: {exc}"
+        print(f"{info.name}: FAILED: {exc}", file=sys.stderr, flush=True)
+    finally:
+        server.stop()
+
+
+def measure_when_quiet(
+    opts: Options,
+    system: str,
+    workload: str,
+    target: loadgen.Target,
+    requests: loadgen.Requests,
+    concurrency: int,
+    timing: loadgen.Timing,
+    server_session: int | None,
+) -> tuple[Point, list[str]]:
+    """Wait (at most a minute) until other processes leave the CPUs alone, then measure one point."""
+    if opts.quiet_wait_s > 0:
+        machine.wait_for_quiet(server_session, opts.max_other_load, opts.quiet_wait_s)
+    return loadgen.measure(
+        system, workload, target, requests, concurrency, timing, opts.client_processes, server_session
+    )
+
+
+def _config_or_error(path: Path) -> Any:
+    """The service config as measured (it changes between runs), for results.json."""
+    try:
+        return load_config(path)
+    except (OSError, ValueError) as exc:
+        return f"unreadable: {exc}"
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the project root when it lies inside it (reports travel between machines)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _row(p: Point) -> str:
+    return report.points_table([p]).splitlines()[-1]
+
+
+def write_outputs(rep: RunReport, out: Path, doc: Path | None = None) -> None:
+    from bench.plot import plot_run
+
+    out.mkdir(parents=True, exist_ok=True)
+    rep.save(out / "results.json")
+    plotted = any(p.workload in ("W1", "W2") for p in rep.points)
+    if plotted:
+        plot_run(rep.points, out / "plot.png", title=rep.command)
+    else:
+        (out / "plot.png").unlink(missing_ok=True)  # never leave an older run's plot beside this table
+    (out / "table.md").write_text(report.render(rep, "plot.png" if plotted else None))
+    if doc is not None:
+        plot = os.path.relpath(out / "plot.png", doc.parent) if plotted else None
+        old = doc.read_text() if doc.is_file() else ""
+        doc.write_text(report.splice_doc(old, report.render(rep, plot, level=3)))
+
+
+def run(opts: Options) -> RunReport:
+    ensure_work_dir()
+    log_dir = WORK_DIR / "logs" / time.strftime("%Y%m%d-%H%M%S")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    corpus, corpus_stats = prepare_corpus(opts.seed, opts.corpus_limit)
+    options = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(opts).items()}
+    options["services"] = [
+        {"name": s.name, "config": str(s.config), "env": s.env, "content": _config_or_error(s.config)}
+        for s in opts.services
+    ]
+    rep = RunReport(
+        opts.command,
+        machine.machine_info(root=ROOT),
+        options,
+        corpus_stats,
+        started_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )
+    print(f"corpus: {corpus_stats}\nlogs: {log_dir}", flush=True)
+    check_texts = [*corpus.texts[:CHECK_TEXTS], max(corpus.texts, key=len)]
+    reference = run_inprocess(opts, rep, corpus, check_texts, log_dir)
+    for info, server in servers(opts, log_dir):
+        rep.systems.append(info)
+        if server is not None:
+            measure_server(opts, rep, info, server, corpus, check_texts, reference)
+        rep.save(log_dir / "results-partial.json")
+    if any(s.kind == "infinity" and s.ran for s in rep.systems):
+        rep.machine["versions"] += f", infinity-emb {infinity.INFINITY_VERSION} (own venv)"
+    rep.ratios = report.compute_ratios(
+        rep, [s.name for s in opts.services], max_other_load=opts.max_other_load
+    )
+    rep.finished_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    write_outputs(rep, opts.out, opts.doc)
+    print("\n" + report.ratios_table(rep.ratios), flush=True)
+    written = sorted(p.name for p in opts.out.iterdir() if p.name in ("results.json", "table.md", "plot.png"))
+    print(
+        f"\nwrote {', '.join(written)} to {opts.out}" + (f", and {opts.doc}" if opts.doc else ""), flush=True
+    )
+    return rep

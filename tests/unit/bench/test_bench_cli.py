@@ -1,0 +1,120 @@
+"""Argument parsing of the benchmark, the ramp and the tuner."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from bench.cli import concurrency_list, inprocess_spec, parse
+from bench.loadgen import Target, encode_requests, split_concurrency
+from bench.results import summarize
+from bench.service import parse_env_pair, parse_service, with_port
+from bench.tune import default_grid, parse_grid_arg, pick_best, settings, validate
+
+
+def test_service_specs() -> None:
+    v = parse_service(
+        "haproxy=serve_config.yaml,RAY_SERVE_ENABLE_DIRECT_INGRESS=1,RAY_SERVE_ENABLE_HA_PROXY=1"
+    )
+    assert v.name == "haproxy" and v.config == Path("serve_config.yaml")
+    assert v.env == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    plain = parse_service("configs/x.yaml", {"RAY_worker_niceness": "0"})
+    assert plain.name == "service" and plain.env == {"RAY_worker_niceness": "0"}
+    assert parse_service("a=b.yaml,K=1", {"K": "0"}).env == {"K": "1"}  # the variant wins
+    with pytest.raises(ValueError):
+        parse_service("a=b.yaml,NOVALUE")
+    with pytest.raises(ValueError):
+        parse_env_pair("=1")
+
+
+def test_run_defaults_and_quick() -> None:
+    opts = parse(["run"])
+    assert opts.mode == "run"
+    assert [s.name for s in opts.services] == ["service"]
+    assert (opts.warmup_s, opts.duration_s, opts.w1_concurrency, opts.w2_concurrency) == (
+        5.0,
+        15.0,
+        [1, 8, 32],
+        [4],
+    )
+    assert opts.naive and not opts.with_infinity and opts.onnx and opts.inprocess_enabled
+    quick = parse(["run", "--quick", "--no-naive", "--no-inprocess", "--service-env", "A=1"])
+    assert (quick.warmup_s, quick.duration_s, quick.w1_concurrency) == (1.0, 3.0, [1, 8])
+    assert not quick.naive and not quick.inprocess_enabled and not quick.onnx
+    assert quick.services[0].env == {"A": "1"}
+    assert quick.command.startswith("python -m bench run --quick")
+
+
+def test_two_variants_need_distinct_names() -> None:
+    opts = parse(["run", "--service", "a=x.yaml", "--service", "b=x.yaml,K=V"])
+    assert [s.name for s in opts.services] == ["a", "b"]
+    with pytest.raises(SystemExit):
+        parse(["run", "--service", "a=x.yaml", "--service", "a=y.yaml"])
+
+
+def test_ramp_options() -> None:
+    opts = parse(["ramp", "--system", "naive-fastapi", "--p99-target-ms", "300", "--texts-per-request", "32"])
+    assert (opts.mode, opts.system, opts.p99_target_ms, opts.texts_per_request) == (
+        "ramp",
+        "naive-fastapi",
+        300,
+        32,
+    )
+    with pytest.raises(SystemExit):
+        parse(["ramp", "--system", "unknown"])
+    assert parse(["ramp", "--system", "infinity-onnx"]).with_infinity
+
+
+def test_small_parsers() -> None:
+    assert concurrency_list("1,8,32") == [1, 8, 32]
+    with pytest.raises(argparse.ArgumentTypeError):
+        concurrency_list("0")
+    assert inprocess_spec("onnx=/m/1/onnx") == ("onnx", Path("/m/1/onnx"))
+    assert split_concurrency(32, 3) == [11, 11, 10]
+    assert split_concurrency(2, 8) == [1, 1]
+
+
+def test_with_port_only_touches_http_options() -> None:
+    cfg = {"http_options": {"host": "0.0.0.0", "port": 8000, "request_timeout_s": 5}, "applications": []}
+    new = with_port(cfg, 1234)
+    assert new["http_options"] == {"host": "127.0.0.1", "port": 1234, "request_timeout_s": 5}
+    assert cfg["http_options"]["port"] == 8000
+
+
+def test_encoded_requests() -> None:
+    req = encode_requests(Target("http://x", "m"), [["one"], ["two"]])
+    assert req.texts_per_request == 1 and req.counts == (1, 1)
+    assert b'"input": "one"' in req.bodies[0]  # a single text goes as a plain string
+    group = encode_requests(Target("http://x", "m", "base64"), [["a", "b"]])
+    assert b'"input": ["a", "b"]' in group.bodies[0] and b'"base64"' in group.bodies[0]
+    with pytest.raises(ValueError):
+        encode_requests(Target("http://x", "m"), [["a"], ["b", "c"]])
+
+
+def test_tuner_grid() -> None:
+    assert parse_grid_arg("max_batch_size=8,16") == ("max_batch_size", [8, 16])
+    assert parse_grid_arg("batch_wait_timeout_s=0.002,null") == ("batch_wait_timeout_s", [0.002, None])
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_grid_arg("max_batch_size")
+    grid = {"a": [1, 2], "b": [True, False], "c": [0.5]}
+    assert len(settings(grid)) == 4 and settings(grid)[0] == {"a": 1, "b": True, "c": 0.5}
+    assert "max_batch_tokens" not in default_grid({"max_batch_size", "batch_wait_timeout_s"})
+    assert "max_batch_tokens" in default_grid(None)
+
+
+def test_tuner_validates_with_the_service_model() -> None:
+    assert validate({"max_batch_size": 32}, [{"max_batch_size": 8}]) == []
+    problems = validate({"max_batch_size": 32}, [{"max_batch_size": 0}])
+    assert len(problems) == 1 and "max_batch_size" in problems[0]
+
+
+def test_tuner_picks_best_throughput_within_p99() -> None:
+    def point(rate: float, p99_s: float, errors: int = 0):
+        return summarize("s", "tune", 16, 1, 10.0, [p99_s] * int(rate * 10), errors)
+
+    fast_but_slow_tail, ok, slower = point(90, 0.9), point(70, 0.3), point(50, 0.2)
+    assert pick_best([fast_but_slow_tail, ok, slower], 500) is ok
+    assert pick_best([fast_but_slow_tail], 500) is None
+    assert pick_best([point(80, 0.1, errors=100), slower], 500) is slower

@@ -1,0 +1,122 @@
+"""Markdown tables and the ratios the issue asks for."""
+
+from __future__ import annotations
+
+from bench.report import (
+    END_MARK,
+    compute_ratios,
+    points_table,
+    ratios_table,
+    render,
+    splice_doc,
+    systems_table,
+)
+from bench.results import RunReport, SystemInfo, summarize
+
+
+def _point(system: str, workload: str, conc: int, texts: int, rate: float, p99_s: float):
+    n = int(rate * 10)
+    latencies = [p99_s / 2] * (n - 2) + [p99_s] * 2
+    return summarize(system, workload, conc, texts, 10.0, latencies, 0, client_cpu=0.05)
+
+
+def _report(with_infinity: bool = True) -> RunReport:
+    rep = RunReport("python -m bench run", {"nproc": 2, "cpu_model": "X"}, {}, {"texts": 100})
+    rep.systems += [
+        SystemInfo("inprocess-onnx", "inprocess", "onnx", ran=True),
+        SystemInfo("service", "service", "svc", ran=True, check_min_cosine=1.0),
+        SystemInfo(
+            "infinity-onnx",
+            "infinity",
+            "inf",
+            ran=with_infinity,
+            reason="" if with_infinity else "pip failed",
+        ),
+    ]
+    rep.points += [
+        _point("inprocess-onnx", "b1", 1, 1, 80.0, 0.02),
+        _point("inprocess-onnx", "b32-sorted", 1, 32, 2.0, 0.5),  # 64 seq/s: below b1, so b1 is the limit
+        _point("service", "W1", 8, 1, 60.0, 0.3),
+        _point("service", "W2", 4, 32, 2.0, 1.0),  # 64 seq/s
+    ]
+    if with_infinity:
+        rep.points += [
+            _point("infinity-onnx", "W1", 8, 1, 50.0, 0.4),
+            _point("infinity-onnx", "W2", 4, 32, 1.0, 2.0),
+        ]
+    return rep
+
+
+def test_points_table_has_one_row_per_point_and_all_columns() -> None:
+    rep = _report()
+    lines = points_table(rep.points).splitlines()
+    assert len(lines) == 2 + len(rep.points)
+    assert all(line.count("|") == 14 for line in lines)
+    assert "| service | W2 | 4 | 32 | 2.0 | 64.0 |" in lines[5]
+    assert lines[2].endswith("| 5 % | - |")  # client CPU measured, other load not
+
+
+def test_ratios_from_the_same_run() -> None:
+    ratios = {r.name: r for r in compute_ratios(_report(), ["service"])}
+    w2_inf = ratios["service W2 seq/s ÷ Infinity-ONNX W2 seq/s"]
+    assert w2_inf.value == 2.0 and w2_inf.met is True
+    limit = ratios["service W2 seq/s ÷ in-process ONNX limit"]
+    assert limit.value == 0.8 and limit.met is True  # 64 / 80: the best in-process row is the limit
+    assert "b1" in limit.detail
+    w1 = ratios["service W1 c=8 req/s ÷ Infinity-ONNX"]
+    assert w1.value == 1.2 and w1.met is True
+    p99 = ratios["service W1 c=8 p99 ÷ Infinity-ONNX p99"]
+    assert p99.met is True and p99.value == 0.75
+
+
+def test_ratios_say_why_infinity_is_missing() -> None:
+    ratios = compute_ratios(_report(with_infinity=False), ["service"])
+    missing = [r for r in ratios if "Infinity" in r.name]
+    assert missing and all(r.value is None and r.met is None for r in missing)
+    assert all("pip failed" in r.detail for r in missing)
+    assert "| n/a |" in ratios_table(ratios)
+
+
+def test_systems_table_flags_wrong_output() -> None:
+    text = systems_table([SystemInfo("x", "infinity", "d", ran=True, check_min_cosine=0.51)])
+    assert "WRONG OUTPUT" in text
+    assert "WRONG" not in systems_table([SystemInfo("y", "service", "d", ran=True, check_min_cosine=0.9999)])
+
+
+def test_render_contains_sections_and_plot_link() -> None:
+    text = render(_report(), "plot.png")
+    for part in (
+        "## Systems",
+        "## Results",
+        "## Ratios (same run)",
+        "![latency against throughput](plot.png)",
+    ):
+        assert part in text
+
+
+def test_render_heading_level() -> None:
+    assert "### Results" in render(_report(), None, level=3)
+    assert "![" not in render(_report(), None)
+
+
+def test_splice_doc_replaces_only_the_marked_block() -> None:
+    doc = "# Benchmarks\n\nHand-written intro.\n"
+    once = splice_doc(doc, "first run")
+    assert once.startswith(doc.rstrip()) and "first run" in once and once.rstrip().endswith(END_MARK)
+    twice = splice_doc(once + "\nHand-written outro.\n", "second run")
+    assert "first run" not in twice and "second run" in twice
+    assert "Hand-written intro." in twice and twice.rstrip().endswith("Hand-written outro.")
+    assert twice.count(END_MARK) == 1
+
+
+def test_disturbed_points_are_called_out() -> None:
+    rep = _report()
+    rep.options = {"max_other_load": 0.1, "retries": 2}
+    rep.points[3] = summarize("service", "W2", 4, 32, 10.0, [0.5] * 20, 0, other_load=0.4)
+    ratios = {r.name: r for r in compute_ratios(rep, ["service"], max_other_load=0.1)}
+    assert (
+        "DISTURBED: service W2 other load 40%" in ratios["service W2 seq/s ÷ Infinity-ONNX W2 seq/s"].detail
+    )
+    assert "DISTURBED" not in ratios["service W1 c=8 req/s ÷ Infinity-ONNX"].detail
+    assert "1 of 6 points were measured while other processes" in render(rep)
+    assert "points were measured while" not in render(_report())

@@ -1,0 +1,80 @@
+"""Percentiles, point summaries and the JSON form of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.results import Point, RunReport, SystemInfo, percentile, retry_disturbed, summarize
+
+
+@pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 99.9, 100])
+def test_percentile_matches_numpy_linear(q: float) -> None:
+    rng = np.random.default_rng(3)
+    values = list(rng.lognormal(0.0, 1.0, size=257))
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_small_cases() -> None:
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([4.0, 1.0, 3.0, 2.0], 100) == 4.0  # order of the input does not matter
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_rates_and_percentiles() -> None:
+    latencies = [0.010] * 98 + [0.100, 0.200]
+    p = summarize("svc", "W2", 4, 32, 10.0, latencies, errors=2, client_cpu=0.123456)
+    assert p.requests == 100
+    assert p.req_per_s == 10.0
+    assert p.seq_per_s == 320.0
+    assert p.p50_ms == 10.0
+    assert 100.0 < p.p99_ms < 200.0
+    assert p.errors == 2
+    assert p.error_rate == pytest.approx(2 / 102)
+    assert p.client_cpu == 0.123
+
+
+def test_summarize_without_successes_has_no_percentiles() -> None:
+    p = summarize("svc", "W1", 8, 1, 5.0, [], errors=7)
+    assert (p.requests, p.req_per_s, p.p50_ms, p.p99_ms) == (0, 0.0, None, None)
+    assert p.error_rate == 1.0
+
+
+def test_report_json_round_trip(tmp_path: Path) -> None:
+    rep = RunReport("python -m bench run", {"nproc": 2}, {"quick": True}, {"texts": 10})
+    rep.systems.append(SystemInfo("service", "service", "this service", ran=True, check_min_cosine=0.99999))
+    rep.points.append(summarize("service", "W1", 8, 1, 2.0, [0.01, 0.02], 0, setting={"max_batch_size": 8}))
+    path = tmp_path / "results.json"
+    rep.save(path)
+    back = RunReport.load(path)
+    assert back.points == rep.points
+    assert back.systems == rep.systems
+    assert back.point("service", "W1", 8) == rep.points[0]
+    assert back.point("service", "W1", 32) is None
+    assert isinstance(back.points[0], Point)
+
+
+def test_retry_disturbed_keeps_the_least_disturbed_point() -> None:
+    loads = iter([0.5, 0.3, 0.05, 0.0])
+    calls = []
+
+    def once() -> tuple[Point, list[str]]:
+        calls.append(1)
+        return summarize("s", "W1", 1, 1, 1.0, [0.01], 0, other_load=next(loads)), []
+
+    point, _, taken = retry_disturbed(once, max_other_load=0.1, retries=5)
+    assert (point.other_load, taken) == (0.05, 3)  # stops at the first quiet window
+    loads = iter([0.5, 0.7, 0.6])
+    point, _, taken = retry_disturbed(once, max_other_load=0.1, retries=2)
+    assert (point.other_load, taken) == (0.5, 3)  # bounded; the best of the disturbed ones
+    quiet = iter([0.0])
+    point, _, taken = retry_disturbed(
+        lambda: (summarize("s", "W1", 1, 1, 1.0, [0.01], 0, other_load=next(quiet)), []), 0.1, 2
+    )
+    assert taken == 1
