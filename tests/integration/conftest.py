@@ -126,6 +126,23 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     ray.shutdown()
 
 
+@pytest.fixture
+def ingress_config(serve_harness: ServeHarness) -> Iterator[Callable[..., None]]:
+    """Apply an Ingress user_config for one test, restore the shipped one afterwards."""
+
+    def apply(**user_config: Any) -> None:
+        def mutate(cfg: dict[str, Any]) -> None:
+            ingress = next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "Ingress")
+            ingress["user_config"] = {**ingress.get("user_config", {}), **user_config}
+
+        serve_harness.apply(serve_harness.config(mutate))
+        time.sleep(3)  # reconfigure() runs on the live replica; no restart, nothing to wait for but it
+
+    yield apply
+    serve_harness.apply(serve_harness.config())
+    serve_harness.wait({APP: "RUNNING"})
+
+
 @pytest.fixture(scope="session")
 def base_url(serve_harness: ServeHarness) -> str:
     return serve_harness.url

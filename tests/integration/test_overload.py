@@ -7,26 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.conftest import APP
-
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def ingress_config(serve_harness):
-    """Apply an Ingress user_config for one test, restore the shipped one afterwards."""
-
-    def apply(**user_config):
-        def mutate(cfg):
-            ingress = next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "Ingress")
-            ingress["user_config"] = {**ingress.get("user_config", {}), **user_config}
-
-        serve_harness.apply(serve_harness.config(mutate))
-        time.sleep(3)  # reconfigure() runs on the live replica; no restart, nothing to wait for but it
-
-    yield apply
-    serve_harness.apply(serve_harness.config())
-    serve_harness.wait({APP: "RUNNING"})
 
 
 def _ok(http) -> None:
