@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import orjson
+from ray.exceptions import ActorUnavailableError, RayActorError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,8 +29,8 @@ from preprocess.errors import (
 
 log = logging.getLogger("textserve.errors")
 RETRY_AFTER_S = 1
-# Ray's errors for an actor that died or cannot be reached: transient, Serve starts a new replica.
-_REPLICA_GONE = {"RayActorError", "ActorDiedError", "ActorUnavailableError", "ActorUnschedulableError"}
+# Transient: Serve starts a new replica (ActorDiedError subclasses RayActorError).
+_REPLICA_GONE = (RayActorError, ActorUnavailableError)
 
 # Most specific class first: lookup walks the exception's MRO.
 STATUS_BY_ERROR: dict[type[ServiceError], int] = {
@@ -67,7 +68,9 @@ def as_service_error(exc: BaseException) -> ServiceError:
     name = type(exc).__name__
     if name == "BackPressureError":  # a downstream deployment's bounded queue is full
         return OverloadedError("the service is at capacity; retry shortly")
-    if any(n in _REPLICA_GONE for n in (name, type(cause).__name__)):
+    # Ray raises these (or a RayTaskError subclassing them, or Serve's "upstream actor died" error
+    # chained to one) when a replica died or cannot be reached.
+    if any(isinstance(e, _REPLICA_GONE) for e in (exc, cause, exc.__cause__)):
         return UnavailableError("a replica serving this request went away; retry shortly")
     log.exception("internal error while serving a request", exc_info=exc)
     return InternalError("internal error while serving the request; it has been logged")

@@ -212,11 +212,25 @@ def test_handle_http_exception(status, headers, expected_status, code):
         assert resp.headers["allow"] == "POST"
 
 
-@pytest.mark.parametrize("name", ["ActorDiedError", "RayActorError", "ActorUnavailableError"])
-def test_dead_replica_is_a_retryable_503(name):
+def _dead_replica_errors() -> list[Exception]:
+    from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+    from ray.serve.exceptions import RayServeException
+
+    died = ActorDiedError()
+    # What a stage call raises when the replica it waited on died: a RayTaskError subclassing the cause.
+    wrapped = RayTaskError("serialize", "traceback", died).as_instanceof_cause()
+    # Serve's router re-raises an upstream death as RayServeException chained to the Ray error.
+    try:
+        raise RayServeException("upstream actor died") from wrapped
+    except RayServeException as exc:
+        chained = exc
+    return [died, ActorUnavailableError("unreachable", None), wrapped, chained]
+
+
+@pytest.mark.parametrize("exc", _dead_replica_errors(), ids=["died", "unavailable", "wrapped", "chained"])
+def test_dead_replica_is_a_retryable_503(exc):
     from preprocess.errors import UnavailableError
 
-    exc = type(name, (Exception,), {})("the actor died unexpectedly")
     err = as_service_error(exc)
     assert isinstance(err, UnavailableError)
     resp = error_response(err)
