@@ -172,7 +172,14 @@ def test_killed_inference_replica_is_replaced_and_service_recovers(http, base_ur
     for o in failed:  # only inside the outage: answered after the kill, sent before the recovery
         assert o.done >= killed_at and o.sent <= recovered_at, o
         assert o.status in (500, 503, 504), o
-        assert o.code in ("unavailable", "internal_error", "model_error", "overloaded", "not_ready", "deadline_exceeded"), o
+        assert o.code in (
+            "unavailable",
+            "internal_error",
+            "model_error",
+            "overloaded",
+            "not_ready",
+            "deadline_exceeded",
+        ), o
     for o in degraded:  # the fallback answers only while the model path is failing
         assert o.status == 200 and killed_at <= o.done, o
     after = [o for o in outcomes if o.sent > recovered_at]
