@@ -35,9 +35,13 @@ class ServiceVariant:
     name: str
     config: Path
     env: dict[str, str] = field(default_factory=dict)
+    # Dotted paths under the first application's ``args`` (e.g. "observability.access_log") -> value.
+    args: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
-        extra = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        pairs = [f"{k}={v}" for k, v in sorted(self.env.items())]
+        pairs += [f"args.{k}={v}" for k, v in sorted(self.args.items())]
+        extra = " ".join(pairs)
         return f"{self.config}" + (f" with {extra}" if extra else "")
 
 
@@ -49,7 +53,10 @@ def parse_env_pair(text: str) -> tuple[str, str]:
 
 
 def parse_service(spec: str, common_env: dict[str, str] | None = None) -> ServiceVariant:
-    """``name=config.yaml[,KEY=VAL...]``, or ``config.yaml[,KEY=VAL...]`` (named ``service``)."""
+    """``name=config.yaml[,KEY=VAL...]``, or ``config.yaml[,KEY=VAL...]`` (named ``service``).
+
+    ``KEY`` is an environment variable for the Ray processes, or ``args.a.b`` to set a value (YAML) in the
+    first application's ``args``, e.g. ``args.observability.trace_sample_ratio=0``."""
     head, *pairs = spec.split(",")
     name, sep, config = head.partition("=")
     if not sep:
@@ -57,8 +64,26 @@ def parse_service(spec: str, common_env: dict[str, str] | None = None) -> Servic
     if not name or not config:
         raise ValueError(f"expected name=config.yaml[,KEY=VAL...], got {spec!r}")
     env = dict(common_env or {})
-    env.update(parse_env_pair(p) for p in pairs if p)
-    return ServiceVariant(name=name, config=Path(config), env=env)
+    args: dict[str, Any] = {}
+    for pair in filter(None, pairs):
+        if pair.startswith("args."):
+            key, _, value = pair.removeprefix("args.").partition("=")
+            args[key] = yaml.safe_load(value)
+        else:
+            env.update([parse_env_pair(pair)])
+    return ServiceVariant(name=name, config=Path(config), env=env, args=args)
+
+
+def with_args(config: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``config`` with dotted ``args`` overrides set in its first application."""
+    cfg = copy.deepcopy(config)
+    for dotted, value in args.items():
+        node = cfg["applications"][0].setdefault("args", {})
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return cfg
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -133,7 +158,7 @@ class RayServeService:
         """Deploy and wait for /healthz; returns the seconds it took."""
         t0 = time.monotonic()
         self.port = procs.free_port()
-        self.config = with_port(load_config(self.variant.config), self.port)
+        self.config = with_port(with_args(load_config(self.variant.config), self.variant.args), self.port)
         # Short: Ray's unix socket paths under it must stay below 108 bytes.
         self._temp_dir = Path(tempfile.mkdtemp(prefix="bench-ray-", dir="/tmp"))
         cfg_file = self._temp_dir / "serve_config.json"

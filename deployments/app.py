@@ -9,15 +9,26 @@ from ray.serve import Application
 from deployments.config import AppArgs
 from deployments.inference import InferenceDeployment
 from deployments.ingress import Ingress
+from deployments.lanes import Lane
 from deployments.model_repo import resolve_model
 from deployments.stages import SerializerDeployment, TokenizerDeployment
 
+# Deployment name prefix per role. Names follow the role, not the version, so that a new stable version
+# is a rolling update of the same deployments (new replicas up and warm before old ones drain).
+ROLES = ("", "Candidate")
+
 
 def build_app(args: dict[str, Any]) -> Application:
-    """Build the graph. Refuses (raises ManifestError naming the field) when the model does not check out."""
+    """Build the graph. Refuses (raises ManifestError naming the field) when a model does not check out."""
     config = AppArgs.model_validate(args or {})
-    model = resolve_model(config.model, hash_files=config.runtime.verify_checksums)
-    tokenizer = TokenizerDeployment.bind(model)
-    inference = InferenceDeployment.bind(model, config.model.device, config.runtime)
-    serializer = SerializerDeployment.bind()
-    return Ingress.bind(tokenizer, inference, serializer, model, config.limits)
+    lanes = []
+    for role, model_config in zip(ROLES, config.served_models(), strict=False):
+        model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)
+        obs = config.observability
+        tokenizer = TokenizerDeployment.options(name=f"{role}Tokenizer").bind(model, obs)
+        inference = InferenceDeployment.options(name=f"{role}Inference").bind(
+            model, model_config.device, config.runtime, obs
+        )
+        lanes.append(Lane(model=model, tokenizer=tokenizer, inference=inference))
+    serializer = SerializerDeployment.bind(config.observability)
+    return Ingress.bind(lanes, serializer, config.limits, config.observability)

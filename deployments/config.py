@@ -50,6 +50,14 @@ class LimitsConfig(_Frozen):
     max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
 
 
+class ProfilerConfig(_Frozen):
+    """torch.profiler around the next ``batches`` inference batches (then off); see docs/profiling.md."""
+
+    enabled: bool = False
+    out_dir: str = "/tmp/textserve-profile"
+    batches: int = Field(default=20, ge=1)
+
+
 class RuntimeConfig(_Frozen):
     cuda_alloc_conf: str | None = Field(
         default="expandable_segments:True",
@@ -67,14 +75,52 @@ class RuntimeConfig(_Frozen):
         description="Intra-op threads per inference replica (torch or ONNX Runtime); "
         "null: the backend's default.",
     )
+    torch_profiler: ProfilerConfig = ProfilerConfig()
+
+
+class CandidateConfig(_Frozen):
+    """A second version of the same model served beside the stable one (canary, or pinned per request).
+    Its share of unpinned traffic is the Ingress ``user_config.candidate_share`` (changed without restart)."""
+
+    version: str
+
+
+class ObservabilityConfig(_Frozen):
+    """Logs and traces. Both leave the request path at once: logs through a bounded queue drained by
+    a thread, spans through OpenTelemetry's batch processor; unsampled requests cost one comparison."""
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_queue_size: int = Field(default=10000, ge=1, description="Past it, DEBUG/INFO lines are dropped.")
+    access_log: bool = Field(default=True, description="One JSON line per request, with its request id.")
+    trace_sample_ratio: float = Field(default=0.01, ge=0.0, le=1.0)
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP collector, e.g. http://otel-collector:4318; null: spans go to the log.",
+    )
+    trace_to_log: bool = True
 
 
 class AppArgs(_Frozen):
     """The ``args`` of the application in ``serve_config.yaml``."""
 
     model: ModelConfig = ModelConfig()
+    candidate: CandidateConfig | None = None
     limits: LimitsConfig = LimitsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+
+    @model_validator(mode="after")
+    def _candidate_differs(self) -> AppArgs:
+        if self.candidate is not None and self.candidate.version == self.model.version:
+            raise ValueError(f"candidate version {self.candidate.version!r} is the stable version")
+        return self
+
+    def served_models(self) -> list[ModelConfig]:
+        """Stable first, then the candidate (same model, other version)."""
+        models = [self.model]
+        if self.candidate is not None:
+            models.append(self.model.model_copy(update={"version": self.candidate.version}))
+        return models
 
 
 class BatchingConfig(_Frozen):
@@ -122,6 +168,12 @@ class IngressConfig(_Frozen):
         ge=0.0,
         description="LRU of recent answers served, marked degraded, when the model path "
         "fails or times out; 0 turns it off.",
+    )
+    candidate_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of requests that name no version sent to the candidate version (canary).",
     )
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
     group_wait_timeout_s: float = Field(default=0.002, ge=0.0, le=1.0)

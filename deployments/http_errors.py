@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from contextvars import ContextVar
 
 import orjson
 from ray.exceptions import ActorUnavailableError, RayActorError
@@ -28,6 +29,8 @@ from preprocess.errors import (
 )
 
 log = logging.getLogger("textserve.errors")
+# The code of the error answered in this request's task; read by the accounting middleware for metrics.
+answered_error_code: ContextVar[str | None] = ContextVar("answered_error_code", default=None)
 RETRY_AFTER_S = 1
 # Transient: Serve starts a new replica (ActorDiedError subclasses RayActorError).
 _REPLICA_GONE = (RayActorError, ActorUnavailableError)
@@ -77,6 +80,7 @@ def as_service_error(exc: BaseException) -> ServiceError:
 
 
 def error_response(error: ServiceError, headers: dict[str, str] | None = None) -> Response:
+    answered_error_code.set(error.code)
     body = {"error": {"message": error.message, "type": error.type, "code": error.code}}
     if error.param:
         body["error"]["param"] = error.param

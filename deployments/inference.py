@@ -9,22 +9,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import ray
 from ray import serve
 
 from deployments.backends import create_runner
 from deployments.batching import AdaptiveWaitWindow, BatchLimits
-from deployments.config import BatchingConfig, RuntimeConfig
-from deployments.group_runner import Answers, Group, run_groups
+from deployments.config import BatchingConfig, ObservabilityConfig, RuntimeConfig
+from deployments.group_runner import Answers, Group, GroupRun, run_groups
 from deployments.manifest import ResolvedModel
+from deployments.metrics import GpuMonitor, InferenceMetrics
 from deployments.model_repo import recheck_on_replica
+from deployments.observability import setup_replica
+from deployments.profiling import BatchProfiler
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
 
-log = logging.getLogger("ray.serve")
+log = logging.getLogger("textserve.inference")
 
 _DEFAULTS = BatchingConfig()
 
@@ -36,8 +42,23 @@ class _ReplicaLimits:
     limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
 
 
-def batch_size(groups: list[Group]) -> int:
+@dataclass(slots=True, eq=False)
+class QueuedGroup:
+    """A group waiting in this replica's batch queue (in-process only)."""
+
+    group: Group
+    arrived_s: float  # perf_counter, for the queue-wait metric
+    arrived_ns: int  # epoch ns, for trace spans (shared clock across processes)
+    started: bool = False
+
+    @property
+    def requests(self) -> int:
+        return sum(isinstance(e, EncodedTexts) for e in self.group)
+
+
+def batch_size(queued: list[QueuedGroup]) -> int:
     limits = _ReplicaLimits.limits
+    groups = [q.group for q in queued]
     encoded = [e for group in groups for e in group if isinstance(e, EncodedTexts)]
     if not encoded:
         return 1
@@ -48,7 +69,12 @@ def batch_size(groups: list[Group]) -> int:
 
 @serve.deployment(name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128)
 class InferenceDeployment:
-    def __init__(self, model: ResolvedModel, device: str, runtime: RuntimeConfig) -> None:
+    def __init__(
+        self, model: ResolvedModel, device: str, runtime: RuntimeConfig, observability: ObservabilityConfig
+    ) -> None:
+        self._tracing = setup_replica(observability)
+        profile = runtime.torch_profiler
+        self._profiler = BatchProfiler(profile.enabled, profile.out_dir, profile.batches)
         if runtime.cuda_alloc_conf:
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", runtime.cuda_alloc_conf)
         recheck_on_replica(model, runtime.verify_checksums)
@@ -65,6 +91,15 @@ class InferenceDeployment:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._apply(_DEFAULTS)
         self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
+        self._metrics = InferenceMetrics(
+            {
+                "model": manifest.name,
+                "version": manifest.version,
+                "backend": self._runner.backend,
+                "device": self._runner.device_name,
+            }
+        )
+        self._gpu = GpuMonitor()
         self._stats = {
             "batches": 0,
             "sequences": 0,
@@ -92,24 +127,53 @@ class InferenceDeployment:
         self._apply(BatchingConfig.model_validate(user_config))
 
     async def infer(self, group: Group) -> Answers:
-        return await self._infer_batch(group)
+        queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
+        self._metrics.queue_changed(queued.requests)
+        try:
+            return await self._infer_batch(queued)
+        finally:
+            if not queued.started:  # cancelled (its client left) before its batch started
+                self._metrics.queue_changed(-queued.requests)
 
     @serve.batch(
         max_batch_size=_DEFAULTS.max_batch_size,
         batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
         batch_size_fn=batch_size,
     )
-    async def _infer_batch(self, groups: list[Group]) -> list[Answers]:
+    async def _infer_batch(self, queued: list[QueuedGroup]) -> list[Answers]:
         # Errors are answers here: a failing batch is retried request by request (run_groups), and an
         # exception that still escapes fails every future of this batch (Serve sets it on each).
+        start = time.perf_counter()
+        for q in queued:
+            q.started = True
+            self._metrics.queue_wait_ms.observe((start - q.arrived_s) * 1000.0)
+        self._metrics.queue_changed(-sum(q.requests for q in queued))
+        start_ns = time.time_ns()
+        groups = [q.group for q in queued]
         loop = asyncio.get_running_loop()
-        run = await loop.run_in_executor(
-            self._executor, run_groups, self._runner, groups, self._limits, self._output
-        )
+        run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
+        if any(e.trace is not None for q in queued for e in q.group if isinstance(e, EncodedTexts)):
+            self._trace_batch(queued, start_ns, time.time_ns(), run.sequences)
         if run.sequences:
+            self._metrics.record_batch(
+                run.sequences, run.padded_tokens, run.real_tokens, time.perf_counter() - start
+            )
             self._after_batch(run.sequences, run.real_tokens, run.padded_tokens)
         self._stats["isolated_failures"] += run.isolated_failures
         return run.answers
+
+    def _run_on_model_thread(self, groups: list[Group]) -> GroupRun:
+        with self._profiler.batch():  # a no-op unless runtime.torch_profiler.enabled
+            return run_groups(self._runner, groups, self._limits, self._output)
+
+    def _trace_batch(self, queued: list[QueuedGroup], start_ns: int, end_ns: int, sequences: int) -> None:
+        for q in queued:
+            for e in q.group:
+                if isinstance(e, EncodedTexts) and e.trace is not None:
+                    self._tracing.record_span(e.trace, "queue_wait", q.arrived_ns, start_ns)
+                    self._tracing.record_span(
+                        e.trace, "inference", start_ns, end_ns, {"batch_sequences": sequences}
+                    )
 
     def _output(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
         return ModelOutput(
@@ -119,6 +183,7 @@ class InferenceDeployment:
             token_count=encoded.token_count,
             labels=self._labels,
             truncated=encoded.truncated,
+            trace=encoded.trace,
         )
 
     def _after_batch(self, sequences: int, real_tokens: int, padded_tokens: int) -> None:
@@ -145,6 +210,8 @@ class InferenceDeployment:
             "backend": self._runner.backend,
             "device": self._runner.device_name,
             "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "waiting": self._metrics.waiting,
         }
 
     def check_health(self) -> None:

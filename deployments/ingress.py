@@ -7,7 +7,6 @@ Errors from any stage arrive here and are turned into HTTP responses by ``http_e
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,8 +15,9 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
+from deployments.accounting import RequestAccounting
 from deployments.batching import AdaptiveWaitWindow
-from deployments.config import IngressConfig, LimitsConfig
+from deployments.config import IngressConfig, LimitsConfig, ObservabilityConfig
 from deployments.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.http_errors import (
     as_service_error,
@@ -26,10 +26,12 @@ from deployments.http_errors import (
     handle_service_error,
     status_of,
 )
-from deployments.manifest import ResolvedModel
+from deployments.lanes import Lane, Lanes, model_entry
+from deployments.observability import setup_replica
+from deployments.request_group import PipelineJob, RequestGroup
 from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.render import negotiate_media_type, render
-from preprocess.contracts import TokenizeJob
+from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import (
     DeadlineExceededError,
     InvalidRequestError,
@@ -43,26 +45,24 @@ from preprocess.parsing import (
     TIMEOUT_HEADER,
     check_dimensions,
     check_input_count,
-    check_model_name,
     parse_body,
+    pinned_version,
     request_timeout,
 )
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 
 HEALTH_TIMEOUT_S = 5.0
+REQUEST_ID_HEADER = "x-request-id"  # set by Serve's proxy when the client sends none
 # Groups in flight at once, so the stages overlap (one group infers while the next tokenizes). Measured on
 # 2 cores: 2 gave 271-278 seq/s on 32-text requests against 232-238 with 3 or 4, and no less on single texts.
 MAX_GROUPS_IN_FLIGHT = 2
 _DEFAULTS = IngressConfig()
+# Stands in for a request whose client went away or whose deadline passed: later stages pass errors on
+# untouched, so it costs no model time. Nobody reads it (the caller is gone).
+_GONE = DeadlineExceededError("the client went away or the deadline passed before the model ran")
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineJob:
-    tokenize: TokenizeJob
-    options: ResponseOptions
-
-
-log = logging.getLogger("ray.serve")
+log = logging.getLogger("textserve.ingress")
 
 
 def _body_doc(schema: type) -> dict[str, Any]:
@@ -75,6 +75,7 @@ api = FastAPI(title="textserve", version="0.1.0", description="Embeddings and te
 api.add_exception_handler(ServiceError, handle_service_error)
 api.add_exception_handler(StarletteHTTPException, handle_http_exception)
 api.add_exception_handler(Exception, handle_service_error)
+api.add_middleware(RequestAccounting)
 
 
 @serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=256)
@@ -82,16 +83,16 @@ api.add_exception_handler(Exception, handle_service_error)
 class Ingress:
     def __init__(
         self,
-        tokenizer: DeploymentHandle,
-        inference: DeploymentHandle,
+        lanes: list[Lane],
         serializer: DeploymentHandle,
-        model: ResolvedModel,
         limits: LimitsConfig,
+        observability: ObservabilityConfig,
     ) -> None:
-        self._tokenizer = tokenizer
-        self._inference = inference
+        self._tracing = setup_replica(observability)
+        RequestAccounting.access_log = observability.access_log
+        self._lanes = Lanes(lanes)
         self._serializer = serializer
-        self._manifest = model.manifest
+        self._manifest = self._lanes.stable.manifest
         self._limits = limits
         self._config = _DEFAULTS
         self._in_flight = 0
@@ -129,20 +130,34 @@ class Ingress:
         self._pipeline.set_batch_wait_timeout_s(config.group_wait_timeout_s)
 
     async def _run(
-        self, request: Request, texts: list[str], truncate: bool, options: ResponseOptions
+        self, request: Request, lane: Lane, texts: list[str], truncate: bool, options: ResponseOptions
     ) -> Response:
         check_input_count(texts, self._limits.max_inputs_per_request)
         timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
         if self._in_flight >= self._config.max_in_flight:  # bounded: refuse early instead of queueing
             raise OverloadedError(f"over {self._config.max_in_flight} requests in flight; retry shortly")
-        job = PipelineJob(TokenizeJob(texts, truncate, deadline=time.time() + timeout), options)
+        request_id = request.headers.get(REQUEST_ID_HEADER, "")
+        trace = self._tracing.start_request(request_id)  # None unless this request is sampled
+        start_ns = time.time_ns()
+        job = PipelineJob(
+            TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace),
+            options,
+            version=lane.version,
+            request_id=request_id,
+        )
         self._in_flight += 1
         try:
             result = await asyncio.wait_for(self._pipeline(job), timeout)
         except asyncio.TimeoutError:
+            job.abandon()
             result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
+        except asyncio.CancelledError:  # the client disconnected: Serve cancelled this handler
+            job.abandon()
+            raise
         finally:
             self._in_flight -= 1
+            if trace is not None:
+                self._tracing.finish_request(trace, start_ns, time.time_ns(), {"version": lane.version})
         key = cache_key(options, texts, truncate) if self._fallback.enabled else None
         headers = {}
         if isinstance(result, ServiceError):
@@ -163,30 +178,68 @@ class Ingress:
     async def _pipeline(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
         """One group of concurrent requests through the stages: one call per stage for all of them.
 
-        Chained DeploymentResponses: Ray hands each stage's result to the next without a round-trip
-        through here. Each request comes back with its own result or its own error.
+        Each stage's result is checked here (Serve's router would wait for it before the next call
+        anyway), so members whose client left are dropped before they cost model time. Each request
+        comes back with its own result or its own error.
         """
-        encoded = self._tokenizer.encode.remote([job.tokenize for job in jobs])
-        outputs = self._inference.infer.remote(encoded)
-        serialized = self._serializer.serialize.remote(outputs, [job.options for job in jobs])
         if self._config.adaptive_wait:
             self._pipeline.set_batch_wait_timeout_s(
                 self._window.observe(len(jobs), self._config.max_group_size)
             )
-        try:
-            results: list[SerializedResponse | ServiceError] = await serialized
-        except Exception as exc:  # a stage failed as a whole (wrapped by Ray): every member gets the error
-            return [as_service_error(exc)] * len(jobs)
+        first = jobs[0].version
+        if all(j.version == first for j in jobs):
+            return await self._through_stages(jobs, self._lanes.by_version[first])
+        # A canary split: each version's members go through their own lane, concurrently.
+        by_version: dict[str, list[int]] = {}
+        for i, job in enumerate(jobs):
+            by_version.setdefault(job.version, []).append(i)
+        parts = await asyncio.gather(
+            *(
+                self._through_stages([jobs[i] for i in idx], self._lanes.by_version[v])
+                for v, idx in by_version.items()
+            )
+        )
+        results: list[SerializedResponse | ServiceError] = [_GONE] * len(jobs)
+        for idx, part in zip(by_version.values(), parts, strict=True):
+            for i, result in zip(idx, part, strict=True):
+                results[i] = result
         return results
+
+    async def _through_stages(
+        self, jobs: list[PipelineJob], lane: Lane
+    ) -> list[SerializedResponse | ServiceError]:
+        group = RequestGroup(jobs)
+        try:
+            encoded = await group.sending(lane.tokenizer.encode.remote([j.tokenize for j in jobs]))
+            outputs: list[Any] = group.keep_live(encoded, _GONE)
+            if any(isinstance(e, EncodedTexts) for e in outputs):
+                outputs = group.keep_live(await group.sending(lane.inference.infer.remote(outputs)), _GONE)
+            if all(isinstance(o, ServiceError) for o in outputs):
+                return outputs
+            serialized = self._serializer.serialize.remote(outputs, [j.options for j in jobs])
+            results: list[SerializedResponse | ServiceError] = await group.sending(serialized)
+        except (Exception, asyncio.CancelledError) as exc:
+            if group.all_gone:  # cancelled on purpose: nobody is waiting for these answers
+                return [_GONE] * len(jobs)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return [as_service_error(exc)] * len(jobs)  # a stage failed as a whole (wrapped by Ray)
+        finally:
+            group.release()
+        return results
+
+    def _lane_for(self, requested: str | None) -> Lane:
+        pinned = pinned_version(requested, self._manifest.name, self._lanes.versions)
+        return self._lanes.choose(pinned, self._config.candidate_share)
 
     @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
     async def embeddings(self, request: Request) -> Response:
-        """OpenAI-compatible embeddings."""
+        """OpenAI-compatible embeddings. ``model: name:version`` pins a served version."""
         body = parse_body(
             await self._read_body(request), request.headers.get("content-type"), EmbeddingsRequest
         )
-        m = self._manifest
-        check_model_name(body.model, m.name, m.version)
+        lane = self._lane_for(body.model)
+        m = lane.manifest
         if m.task != "embed":
             raise UnsupportedTaskError(f"model {m.name!r} is a {m.task} model: use POST /predict", "model")
         check_dimensions(body.dimensions, m.output.dimension or 0)
@@ -196,50 +249,56 @@ class Ingress:
             encoding_format=body.encoding_format,
             dimensions=body.dimensions,
         )
-        return await self._run(request, body.texts, body.truncate, options)
+        return await self._run(request, lane, body.texts, body.truncate, options)
 
     @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
-        """Embeddings or class labels, by the served model's task."""
+        """Embeddings or class labels, by the served model's task. ``model: name:version`` pins a version."""
         body = parse_body(await self._read_body(request), request.headers.get("content-type"), PredictRequest)
-        check_model_name(body.model, self._manifest.name, self._manifest.version)
+        lane = self._lane_for(body.model)
         options = ResponseOptions(
             route="predict", media_type=negotiate_media_type(request.headers.get("accept"))
         )
-        return await self._run(request, body.inputs, body.truncate, options)
+        return await self._run(request, lane, body.inputs, body.truncate, options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:
-        m = self._manifest
-        entry: dict[str, Any] = {
-            "id": m.name,
-            "object": "model",
-            "owned_by": "textserve",
-            "version": m.version,
-            "task": m.task,
-            "max_tokens": m.input.max_tokens,
-        }
-        if m.task == "embed":
-            entry["dimension"] = m.output.dimension
-        else:
-            entry["labels"] = list(m.output.labels or ())
+        """The served model; then each served version by ``name:version``, with its role and share."""
+        share = self._config.candidate_share if self._lanes.candidate is not None else 0.0
+        entries = [model_entry(self._manifest, self._manifest.name, "stable", 1.0 - share)]
+        for lane in self._lanes:
+            role = "stable" if lane is self._lanes.stable else "candidate"
+            entries.append(
+                model_entry(
+                    lane.manifest,
+                    f"{lane.manifest.name}:{lane.version}",
+                    role,
+                    share if role == "candidate" else 1.0 - share,
+                )
+            )
         return Response(
-            render({"object": "list", "data": [entry]}, "application/json"), media_type="application/json"
+            render({"object": "list", "data": entries}, "application/json"), media_type="application/json"
         )
 
     @api.get("/healthz")
     async def healthz(self) -> Response:
-        """200 once an inference replica has loaded and warmed up its model, 503 before."""
-        probe = self._inference.ready.remote()
+        """200 once every served version has an inference replica with its model loaded, 503 before."""
+        probes = [lane.inference.ready.remote() for lane in self._lanes]
 
-        async def wait_ready() -> Any:
-            return await probe
+        async def wait_ready() -> list[Any]:
+            return [await probe for probe in probes]
 
         try:
-            identity = await asyncio.wait_for(wait_ready(), HEALTH_TIMEOUT_S)
+            identities = await asyncio.wait_for(wait_ready(), HEALTH_TIMEOUT_S)
         except Exception as exc:
             log.warning("health probe failed: %r", exc)
-            probe.cancel()
+            for probe in probes:
+                probe.cancel()
             return error_response(NotReadyError("model is not loaded yet"))
-        body = {"status": "ready", "model": identity.name, "version": identity.version}
+        body = {
+            "status": "ready",
+            "model": identities[0].name,
+            "version": identities[0].version,
+            "versions": [identity.version for identity in identities],
+        }
         return Response(render(body, "application/json"), media_type="application/json")

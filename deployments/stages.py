@@ -8,46 +8,62 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any
 
 from ray import serve
 
-from deployments.config import SerializerConfig
+from deployments.config import ObservabilityConfig, SerializerConfig
 from deployments.manifest import ResolvedModel
+from deployments.metrics import StageMetrics
+from deployments.observability import setup_replica
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import InternalError, ServiceError
 from preprocess.tokenize import TextTokenizer
 
-log = logging.getLogger("ray.serve")
+log = logging.getLogger("textserve.stages")
 
 
 @serve.deployment(name="Tokenizer", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=64)
 class TokenizerDeployment:
-    def __init__(self, model: ResolvedModel) -> None:
+    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig) -> None:
+        self._tracing = setup_replica(observability)
         self._tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
+        self._ms = StageMetrics("tokenize_ms", "Time to tokenize one request.").ms
 
     def encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
         results: list[EncodedTexts | ServiceError] = []
         for job in jobs:
+            start = time.perf_counter()
             try:
                 encoded = self._tokenizer.encode(job.texts, job.truncate)
-                results.append(
-                    dataclasses.replace(encoded, deadline=job.deadline) if job.deadline else encoded
-                )
+                if job.deadline is not None or job.trace is not None:
+                    encoded = dataclasses.replace(encoded, deadline=job.deadline, trace=job.trace)
+                results.append(encoded)
             except ServiceError as exc:
                 results.append(exc)
             except Exception:  # a bug on one request's input must not fail the others in its group
-                log.exception("tokenizer failed on a request")
+                log.exception("tokenizer failed on a request", extra={"request_id": job.request_id})
                 results.append(InternalError("tokenization failed for this request"))
+            self._ms.observe((time.perf_counter() - start) * 1000.0)
+            if job.trace is not None:
+                end_ns = time.time_ns()
+                self._tracing.record_span(job.trace, "tokenize", end_ns - _ns(start), end_ns)
         return results
+
+
+def _ns(perf_start: float) -> int:
+    return int((time.perf_counter() - perf_start) * 1e9)
 
 
 @serve.deployment(name="Serializer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64)
 class SerializerDeployment:
-    def __init__(self) -> None:
+    def __init__(self, observability: ObservabilityConfig) -> None:
+        self._tracing = setup_replica(observability)
         self._config = SerializerConfig()
+        self._ms = StageMetrics("serialize_ms", "Time to serialize one response.").ms
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = SerializerConfig.model_validate(user_config)
@@ -62,6 +78,7 @@ class SerializerDeployment:
             if isinstance(output, ServiceError):
                 results.append(output)
                 continue
+            start = time.perf_counter()
             try:
                 results.append(serialize(output, opts, self._config.float_decimals))
             except ServiceError as exc:
@@ -69,4 +86,8 @@ class SerializerDeployment:
             except Exception:
                 log.exception("serializer failed on a request")
                 results.append(InternalError("serialization failed for this request"))
+            self._ms.observe((time.perf_counter() - start) * 1000.0)
+            if output.trace is not None:
+                end_ns = time.time_ns()
+                self._tracing.record_span(output.trace, "serialize", end_ns - _ns(start), end_ns)
         return results

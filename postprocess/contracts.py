@@ -7,6 +7,8 @@ from typing import Literal
 
 import numpy as np
 
+from preprocess.contracts import TraceContext
+
 Task = Literal["embed", "classify"]
 Route = Literal["embeddings", "predict"]
 EncodingFormat = Literal["float", "base64"]
@@ -32,6 +34,7 @@ class ModelOutput:
     token_count: int
     labels: tuple[str, ...] = ()
     truncated: int = 0
+    trace: TraceContext | None = None
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2:

@@ -9,12 +9,24 @@ import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
+class TraceContext:
+    """What a sampled request carries between stages (see deployments/tracing.py): its trace, its root
+    span and its request id. Unsampled requests carry None."""
+
+    trace_id: int
+    span_id: int
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class TokenizeJob:
     """One request's texts for the tokenizer stage."""
 
     texts: list[str]
     truncate: bool = False
     deadline: float | None = None  # epoch seconds; past it the request is dropped before the model
+    request_id: str = ""
+    trace: TraceContext | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +40,7 @@ class EncodedTexts:
     offsets: np.ndarray  # int64, shape (n_texts + 1,)
     truncated: int = 0  # how many texts were cut to the model's token limit
     deadline: float | None = None  # epoch seconds, carried from the request
+    trace: TraceContext | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeVar
 
 import orjson
@@ -78,13 +79,19 @@ def check_input_count(texts: list[str], max_inputs: int) -> None:
         )
 
 
-def check_model_name(requested: str | None, name: str, version: str) -> None:
-    """Accept no model, the served name, or ``name:version`` with the served version."""
-    if requested is None or requested in (name, f"{name}:{version}"):
-        return
+def pinned_version(requested: str | None, name: str, versions: Sequence[str]) -> str | None:
+    """The version a request pins with ``name:version``; None when it names no version (or no model).
+
+    Only the served name and the versions served right now are accepted; anything else is a 404.
+    """
+    if requested is None or requested == name:
+        return None
+    prefix = f"{name}:"
+    if requested.startswith(prefix) and requested[len(prefix) :] in versions:
+        return requested[len(prefix) :]
+    served = ", ".join(repr(f"{name}:{v}") for v in versions)
     raise ModelNotFoundError(
-        f"model {requested!r} is not served here; available: {name!r} (version {version!r})",
-        "model",
+        f"model {requested!r} is not served here; available: {name!r} or one of {served}", "model"
     )
 
 

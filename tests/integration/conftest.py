@@ -35,9 +35,10 @@ def _free_port() -> int:
 class ServeHarness:
     """Applies whole multi-app configs (Serve's declarative API) and waits for them."""
 
-    def __init__(self, base_config: dict[str, Any], port: int) -> None:
+    def __init__(self, base_config: dict[str, Any], port: int, dashboard_url: str) -> None:
         self.base_config = base_config
         self.url = f"http://127.0.0.1:{port}"
+        self.dashboard_url = dashboard_url
 
     def config(self, mutate: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         cfg = copy.deepcopy(self.base_config)
@@ -87,6 +88,7 @@ def app_entry(name: str, route: str, model_args: dict[str, Any], template: dict[
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("models")
     build_classifier(repo)
+    build_classifier(repo, version="2")  # a second version, for the blue-green and canary tests
     write_broken_embedder(repo)
     return repo
 
@@ -117,8 +119,11 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
             template,
         )
     )
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    harness = ServeHarness(config, port)
+    # Dashboard on: it hosts the metrics agent (Prometheus endpoint) and the REST API `serve deploy` uses.
+    # Logical GPUs (as `ray start --head --num-gpus=2` declares them) for the GPU scheduling tests; the
+    # models still run on the CPU. Logical CPUs above the real two: the test apps are small.
+    context = ray.init(num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
+    harness = ServeHarness(config, port, dashboard_url=f"http://{context.dashboard_url}")
     harness.apply(config)
     harness.wait({APP: "RUNNING", CLASSIFY_APP: "RUNNING", BROKEN_APP: "DEPLOY_FAILED"})
     yield harness

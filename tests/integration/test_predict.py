@@ -44,14 +44,15 @@ def test_classify_model_refuses_embeddings_route(http):
 
 def test_classify_models_listing(http):
     data = http.get("/classify/v1/models").json()["data"]
-    assert data == [
-        {
-            "id": "tiny-sentiment",
-            "object": "model",
-            "owned_by": "textserve",
-            "version": "1",
-            "task": "classify",
-            "max_tokens": 128,
-            "labels": list(LABELS),
-        }
-    ]
+    entry = {
+        "object": "model",
+        "owned_by": "textserve",
+        "version": "1",
+        "role": "stable",
+        "traffic_share": 1.0,
+        "task": "classify",
+        "max_tokens": 128,
+        "labels": list(LABELS),
+    }
+    # The model by name (what OpenAI clients ask for), then each served version by name:version.
+    assert data == [{"id": "tiny-sentiment", **entry}, {"id": "tiny-sentiment:1", **entry}]

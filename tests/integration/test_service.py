@@ -14,20 +14,22 @@ pytestmark = pytest.mark.integration
 def test_healthz_reports_ready_model(http):
     resp = http.get("/healthz")
     assert resp.status_code == 200
-    assert resp.json() == {"status": "ready", "model": "all-MiniLM-L6-v2", "version": "1"}
+    assert resp.json() == {"status": "ready", "model": "all-MiniLM-L6-v2", "version": "1", "versions": ["1"]}
 
 
 def test_models_listing(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    (entry,) = body["data"]
-    assert entry["id"] == "all-MiniLM-L6-v2"
-    assert (entry["version"], entry["task"], entry["dimension"], entry["max_tokens"]) == (
-        "1",
-        "embed",
-        384,
-        256,
-    )
+    entry, versioned = body["data"]
+    assert (entry["id"], versioned["id"]) == ("all-MiniLM-L6-v2", "all-MiniLM-L6-v2:1")
+    for e in (entry, versioned):
+        assert (e["version"], e["task"], e["dimension"], e["max_tokens"], e["role"]) == (
+            "1",
+            "embed",
+            384,
+            256,
+            "stable",
+        )
 
 
 def test_openapi_documents_request_bodies(http):

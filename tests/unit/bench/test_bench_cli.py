@@ -10,7 +10,7 @@ import pytest
 from bench.cli import concurrency_list, inprocess_spec, parse
 from bench.loadgen import Target, encode_requests, split_concurrency
 from bench.results import summarize
-from bench.service import parse_env_pair, parse_service, with_port
+from bench.service import parse_env_pair, parse_service, with_args, with_port
 from bench.tune import default_grid, parse_grid_arg, pick_best, settings, validate
 
 
@@ -27,6 +27,20 @@ def test_service_specs() -> None:
         parse_service("a=b.yaml,NOVALUE")
     with pytest.raises(ValueError):
         parse_env_pair("=1")
+
+
+def test_service_spec_args_overrides_reach_the_config() -> None:
+    v = parse_service(
+        "quiet=serve_config.yaml,args.observability.access_log=false,args.limits.max_body_bytes=2048"
+    )
+    assert v.env == {} and v.args == {"observability.access_log": False, "limits.max_body_bytes": 2048}
+    base = {"applications": [{"name": "a", "args": {"limits": {"max_inputs_per_request": 8}}}]}
+    cfg = with_args(base, v.args)
+    assert cfg["applications"][0]["args"] == {
+        "limits": {"max_inputs_per_request": 8, "max_body_bytes": 2048},
+        "observability": {"access_log": False},
+    }
+    assert base["applications"][0]["args"] == {"limits": {"max_inputs_per_request": 8}}  # not modified
 
 
 def test_run_defaults_and_quick() -> None:

@@ -13,7 +13,7 @@ from deployments.batching import (
     padding_efficiency,
     plan_micro_batches,
 )
-from deployments.inference import _ReplicaLimits, batch_size
+from deployments.inference import QueuedGroup, _ReplicaLimits, batch_size
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import InputTooLongError
 
@@ -58,15 +58,19 @@ def test_sorting_cuts_padding():
     assert padding_efficiency(lengths, arrival_plan) < 0.55
 
 
+def _queued(*groups: list) -> list[QueuedGroup]:
+    return [QueuedGroup(list(g), arrived_s=0.0, arrived_ns=0) for g in groups]
+
+
 def test_batch_size_fn_bounds_requests_and_never_refuses_a_lone_item():
     _ReplicaLimits.limits = BatchLimits(max_sequences=8, max_tokens=256)
     try:
         # Items are groups of requests (one ingress call each); failed members count for nothing.
-        assert batch_size([[_encoded(3, 4)]]) == 2
-        assert batch_size([[_encoded(3), _encoded(100)], [_encoded(4)]]) == 10  # 3 x 100 tokens > 256
-        assert batch_size([[_encoded(*([5] * 20))]]) == 8  # a big group alone: clipped, so it runs
-        assert batch_size([[_encoded(300)]]) == 8  # one sequence over the token budget: runs alone
-        assert batch_size([[InputTooLongError("too long")]]) == 1  # nothing to run, still leaves
+        assert batch_size(_queued([_encoded(3, 4)])) == 2
+        assert batch_size(_queued([_encoded(3), _encoded(100)], [_encoded(4)])) == 10  # 3 x 100 > 256
+        assert batch_size(_queued([_encoded(*([5] * 20))])) == 8  # a big group alone: clipped, so it runs
+        assert batch_size(_queued([_encoded(300)])) == 8  # one sequence over the token budget: runs alone
+        assert batch_size(_queued([InputTooLongError("too long")])) == 1  # nothing to run, still leaves
     finally:
         _ReplicaLimits.limits = BatchLimits(32, 8192)
 

@@ -76,7 +76,7 @@ def test_app_args_validate(app):
     assert args.runtime.verify_checksums is True
     # Every key written in the yaml is one the typed config keeps (nothing silently ignored).
     assert args.model_dump(include=set(app["args"])) == {
-        k: {**args.model_dump()[k], **v} for k, v in app["args"].items()
+        k: {**args.model_dump()[k], **v} if isinstance(v, dict) else v for k, v in app["args"].items()
     }
 
 

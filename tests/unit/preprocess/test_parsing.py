@@ -16,8 +16,8 @@ from preprocess.parsing import (
     check_content_type,
     check_dimensions,
     check_input_count,
-    check_model_name,
     parse_body,
+    pinned_version,
 )
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 
@@ -250,20 +250,23 @@ def test_check_input_count():
     assert "at most 3" in info.value.message
 
 
-@pytest.mark.parametrize("requested", [None, "all-MiniLM-L6-v2", "all-MiniLM-L6-v2:1"])
-def test_check_model_name_accepts(requested):
-    check_model_name(requested, "all-MiniLM-L6-v2", "1")
+@pytest.mark.parametrize(
+    ("requested", "pinned"),
+    [(None, None), ("all-MiniLM-L6-v2", None), ("all-MiniLM-L6-v2:1", "1"), ("all-MiniLM-L6-v2:2", "2")],
+)
+def test_pinned_version_accepts_the_name_or_a_served_version(requested, pinned):
+    assert pinned_version(requested, "all-MiniLM-L6-v2", ["1", "2"]) == pinned
 
 
 @pytest.mark.parametrize(
-    "requested", ["all-MiniLM-L6-v2:2", "text-embedding-3-small", "", "ALL-MINILM-L6-V2", "all-MiniLM-L6-v2:"]
+    "requested", ["all-MiniLM-L6-v2:3", "text-embedding-3-small", "", "ALL-MINILM-L6-V2", "all-MiniLM-L6-v2:"]
 )
-def test_check_model_name_rejects(requested):
+def test_pinned_version_rejects_unknown_models_and_versions(requested):
     with pytest.raises(ModelNotFoundError) as info:
-        check_model_name(requested, "all-MiniLM-L6-v2", "1")
+        pinned_version(requested, "all-MiniLM-L6-v2", ["1", "2"])
     assert info.value.param == "model"
     assert repr(requested) in info.value.message
-    assert "'all-MiniLM-L6-v2'" in info.value.message
+    assert "'all-MiniLM-L6-v2:2'" in info.value.message
 
 
 @pytest.mark.parametrize("dimensions", [None, 1, 100, 384])

@@ -1,0 +1,105 @@
+"""Two Ray nodes on one machine (the engine a cluster uses): replicas on both, traffic served by both.
+
+A second node joins the session's Ray with `ray start --address=...`, as a worker pod joins the head
+on KubeRay; the inference deployment asks for one replica per node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import ray
+from ray import serve
+
+from tests.integration.conftest import ServeHarness, app_entry
+
+pytestmark = pytest.mark.integration
+
+APP = "multinode"
+ROUTE = "/multinode"
+RAY_CLI = Path(sys.executable).parent / "ray"
+
+
+def _alive_nodes() -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+
+@pytest.fixture
+def second_node() -> Iterator[str]:
+    before = set(_alive_nodes())
+    cmd = [str(RAY_CLI), "start", "--address", ray.get_runtime_context().gcs_address, "--num-cpus", "2"]
+    proc = subprocess.Popen(
+        [*cmd, "--block"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (added := set(_alive_nodes()) - before):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"second node never joined: {proc.stderr.read().decode() if proc.stderr else ''}"
+                )
+            time.sleep(0.5)
+        yield added.pop()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # `ray start --block` stops its node's processes on SIGTERM
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def multinode_app(serve_harness: ServeHarness, model_repo: Path, second_node: str) -> Iterator[str]:
+    template = serve_harness.base_config["applications"][0]
+    model = {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
+    entry = app_entry(APP, ROUTE, model, template)
+    inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
+    inference.pop("autoscaling_config", None)
+    inference.update(num_replicas=2, max_replicas_per_node=1)  # one replica on each node
+    config = serve_harness.config()
+    config["applications"].append(entry)
+    serve_harness.apply(config)
+    serve_harness.wait({APP: "RUNNING"})
+    yield f"{serve_harness.url}{ROUTE}/predict"
+    serve_harness.apply(serve_harness.config())
+    deadline = time.monotonic() + 120
+    while APP in serve.status().applications and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def test_replicas_on_both_nodes_serve_traffic(multinode_app: str, second_node: str) -> None:
+    head = ray.get_runtime_context().get_node_id()
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(
+            pool.map(
+                lambda i: httpx.post(multinode_app, json={"text": f"request {i}"}, timeout=30).status_code,
+                range(200),
+            )
+        )
+    assert statuses == [200] * 200
+
+    handle = serve.get_deployment_handle("Inference", app_name=APP)
+    per_node: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 30
+    while len(per_node) < 2 and time.monotonic() < deadline:  # calls land on either replica
+        stats = handle.batching.remote().result(timeout_s=30)
+        per_node[stats["node_id"]] = stats
+    print(
+        "\nmulti-node: "
+        + ", ".join(
+            f"{'head' if node == head else 'second'} node: {s['sequences']} sequences, {s['batches']} batches"
+            for node, s in per_node.items()
+        )
+    )
+    assert set(per_node) == {head, second_node}
+    assert all(s["sequences"] > 0 for s in per_node.values())
