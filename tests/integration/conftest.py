@@ -122,7 +122,8 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     # Dashboard on: it hosts the metrics agent (Prometheus endpoint) and the REST API `serve deploy` uses.
     # Logical GPUs (as `ray start --head --num-gpus=2` declares them) for the GPU scheduling tests; the
     # models still run on the CPU. Logical CPUs above the real two: the test apps are small.
-    context = ray.init(num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
+    # address="local": always a new instance, never one a `ray start` left in /tmp/ray/ray_current_cluster.
+    context = ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
     harness = ServeHarness(config, port, dashboard_url=f"http://{context.dashboard_url}")
     harness.apply(config)
     harness.wait({APP: "RUNNING", CLASSIFY_APP: "RUNNING", BROKEN_APP: "DEPLOY_FAILED"})

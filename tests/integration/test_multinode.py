@@ -20,6 +20,7 @@ import httpx
 import pytest
 import ray
 from ray import serve
+from ray._common.utils import get_ray_address_file
 
 from tests.integration.conftest import ServeHarness, app_entry
 
@@ -36,6 +37,10 @@ def _alive_nodes() -> list[str]:
 
 @pytest.fixture
 def second_node() -> Iterator[str]:
+    # `ray start` records the cluster it joined here, and a later plain `ray.init()` or `serve run` would
+    # try to join it after this session's Ray is gone: put the file back as it was.
+    address_file = Path(get_ray_address_file(None))
+    saved = address_file.read_text() if address_file.exists() else None
     before = set(_alive_nodes())
     cmd = [str(RAY_CLI), "start", "--address", ray.get_runtime_context().gcs_address, "--num-cpus", "2"]
     proc = subprocess.Popen(
@@ -56,6 +61,10 @@ def second_node() -> Iterator[str]:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+        if saved is None:
+            address_file.unlink(missing_ok=True)
+        else:
+            address_file.write_text(saved)
 
 
 @pytest.fixture
