@@ -29,10 +29,12 @@ from deployments.observability import setup_replica
 from deployments.profiling import BatchProfiler
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
+from preprocess.errors import ServiceError, UnavailableError
 
 log = logging.getLogger("textserve.inference")
 
 _DEFAULTS = BatchingConfig()
+FAULT_INJECTION_ENV = "TEXTSERVE_FAULT_INJECTION"
 
 
 class _ReplicaLimits:
@@ -150,6 +152,9 @@ class InferenceDeployment:
         self._metrics.queue_changed(-sum(q.requests for q in queued))
         start_ns = time.time_ns()
         groups = [q.group for q in queued]
+        if self._runner.fatal_error is not None:  # the device is gone: refuse (retryable) until replaced
+            gone = UnavailableError("this replica's device failed; it is being replaced, retry shortly")
+            return [[m if isinstance(m, ServiceError) else gone for m in group] for group in groups]
         loop = asyncio.get_running_loop()
         run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
         if any(e.trace is not None for q in queued for e in q.group if isinstance(e, EncodedTexts)):
@@ -213,6 +218,17 @@ class InferenceDeployment:
             "node_id": ray.get_runtime_context().get_node_id(),
             "waiting": self._metrics.waiting,
         }
+
+    def inject_device_error(self, message: str) -> int:
+        """Fault injection for drills and tests: the next forward pass raises ``message`` as a device
+        error would. Refused unless the replica runs with TEXTSERVE_FAULT_INJECTION=1. Returns the pid."""
+        if os.environ.get(FAULT_INJECTION_ENV) != "1":
+            raise PermissionError(
+                f"fault injection is off (set {FAULT_INJECTION_ENV}=1 in the replica's env)"
+            )
+        self._runner.injected_error = RuntimeError(message)
+        log.warning("fault injected: the next batch raises %r", message)
+        return os.getpid()
 
     def check_health(self) -> None:
         """Ray Serve calls this periodically; raising marks the replica unhealthy and replaces it."""

@@ -49,6 +49,7 @@ class BatchRunner(ABC):
         self.output_size = model.output_size
         self.cap = AdaptiveBatchCap(ceiling=DEFAULT_LIMITS.max_sequences)
         self.fatal_error: str | None = None
+        self.injected_error: Exception | None = None  # fault injection: raised by the next forward pass
 
     @property
     @abstractmethod
@@ -83,6 +84,9 @@ class BatchRunner(ABC):
         self, idx: np.ndarray, sequences: Sequence[np.ndarray], lengths: np.ndarray, out: np.ndarray
     ) -> None:
         try:
+            if self.injected_error is not None:
+                injected, self.injected_error = self.injected_error, None
+                raise injected
             out[idx] = self._forward(*self._pad([sequences[i] for i in idx], int(lengths[idx].max())))
         except Exception as exc:
             if is_unrecoverable_device_error(exc):

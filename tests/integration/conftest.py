@@ -111,6 +111,8 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
             template,
         )
     )
+    # Every request of the classify app is traced (test_logs_and_traces.py); the main app keeps the default.
+    config["applications"][-1]["args"]["observability"] = {"trace_sample_ratio": 1.0}
     config["applications"].append(
         app_entry(
             BROKEN_APP,

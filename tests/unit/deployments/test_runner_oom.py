@@ -95,3 +95,13 @@ def test_oom_alone_is_not_fatal(default_model):
     runner = FlakyRunner(default_model, fits=4)
     runner.run(_seqs(16), BatchLimits(32, 100_000))
     assert runner.fatal_error is None
+
+
+def test_an_injected_device_error_takes_the_real_path_once(default_model):
+    runner = FlakyRunner(default_model, fits=100)
+    runner.injected_error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        runner.run(_seqs(2), BatchLimits(32, 100_000))
+    assert "illegal memory access" in (runner.fatal_error or "")
+    assert runner.injected_error is None
+    assert runner.run(_seqs(2), BatchLimits(32, 100_000)).values.shape[0] == 2  # raised once, not forever

@@ -1,0 +1,86 @@
+"""A replica whose device failed reports unhealthy and is replaced while the other replica serves.
+
+The failure is injected into a live replica (TEXTSERVE_FAULT_INJECTION=1 in that app's env only): its next
+forward pass raises the error CUDA gives after an illegal memory access, and everything after that is the
+production path: the runner marks itself fatal, check_health raises, Serve replaces the replica.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ray import serve
+
+from deployments.inference import FAULT_INJECTION_ENV
+from tests.integration.conftest import ServeHarness, app_entry
+from tests.integration.traffic import Traffic
+
+pytestmark = pytest.mark.integration
+
+APP = "faulty"
+ROUTE = "/faulty"
+CUDA_ERROR = "CUDA error: an illegal memory access was encountered"
+
+
+@pytest.fixture
+def faulty_app(serve_harness: ServeHarness, model_repo: Path) -> Iterator[str]:
+    template = serve_harness.base_config["applications"][0]
+    model = {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
+    entry = app_entry(APP, ROUTE, model, template)
+    entry["runtime_env"] = {"env_vars": {FAULT_INJECTION_ENV: "1"}}
+    ingress = next(d for d in entry["deployments"] if d["name"] == "Ingress")
+    ingress["user_config"]["fallback_cache_mb"] = 0  # no degraded answers hiding a failure
+    inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
+    inference.pop("autoscaling_config", None)
+    inference.update(num_replicas=2, health_check_period_s=1, health_check_timeout_s=10)
+    config = serve_harness.config()
+    config["applications"].append(entry)
+    serve_harness.apply(config)
+    serve_harness.wait({APP: "RUNNING"})
+    yield f"{serve_harness.url}{ROUTE}/predict"
+    serve_harness.apply(serve_harness.config())
+    deadline = time.monotonic() + 120
+    while APP in serve.status().applications and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def _pids(handle: serve.handle.DeploymentHandle, tries: int = 40) -> set[int]:
+    return {handle.batching.remote().result(timeout_s=30)["pid"] for _ in range(tries)}
+
+
+def test_failed_device_replica_is_replaced_while_the_other_serves(faulty_app: str) -> None:
+    handle = serve.get_deployment_handle("Inference", app_name=APP)
+    before = _pids(handle)
+    assert len(before) == 2
+    with Traffic(faulty_app, {"text": "keep serving"}, workers=4, limit_s=120) as traffic:
+        assert traffic.wait_for(lambda answers: len(answers) >= 20, 30)
+        started = time.monotonic()
+        poisoned = handle.inject_device_error.remote(CUDA_ERROR).result(timeout_s=30)
+        replaced_after = None
+        while time.monotonic() - started < 90:
+            status = serve.status().applications[APP].deployments["Inference"]
+            pids = _pids(handle, tries=10) if status.replica_states.get("RUNNING", 0) == 2 else set()
+            if len(pids) == 2 and poisoned not in pids:
+                replaced_after = time.monotonic() - started
+                break
+            time.sleep(0.5)
+        time.sleep(2)
+    answers = traffic.snapshot()
+    during = [a for a in answers if a.at >= started]
+    statuses = Counter(a.status for a in during)
+    print(
+        f"\ndevice failure: replica {poisoned} replaced after {replaced_after or float('nan'):.1f} s; "
+        f"{len(during)} requests meanwhile: {dict(statuses)}"
+    )
+    assert replaced_after is not None, "the failed replica was never replaced"
+    # The batch that hit the error fails (500 model_error); until the health check catches it the failed
+    # replica answers 503 unavailable (retryable); the other replica serves throughout.
+    assert set(statuses) <= {200, 500, 503}, statuses
+    assert 1 <= statuses[500] <= 4, statuses
+    assert statuses[200] > statuses[503], statuses
+    after = [a for a in answers if a.at >= started + replaced_after]
+    assert after and all(a.status == 200 for a in after), Counter(a.status for a in after)
