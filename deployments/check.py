@@ -33,20 +33,21 @@ def check_config(path: Path) -> list[str]:
             continue
         args = AppArgs.model_validate(app.args or {})
         for deployment in app.deployments:
-            kind = USER_CONFIGS.get(deployment.name)
+            kind = USER_CONFIGS.get(deployment.name.removeprefix("Candidate"))
             if kind is not None and deployment.user_config is not None:
                 kind.model_validate(deployment.user_config)
-        model = resolve_model(args.model, hash_files=args.runtime.verify_checksums)
-        m = model.manifest
-        signature = (
-            f"dimension {m.output.dimension}"
-            if m.task == "embed"
-            else f"labels {list(m.output.labels or ())}"
-        )
-        lines.append(
-            f"{app.name}: {m.name} v{m.version} ({m.task}, {signature}, max {m.input.max_tokens} tokens) "
-            f"weights {model.weights_dir}"
-        )
+        for role, model_config in zip(("stable", "candidate"), args.served_models(), strict=False):
+            model = resolve_model(model_config, hash_files=args.runtime.verify_checksums)
+            m = model.manifest
+            signature = (
+                f"dimension {m.output.dimension}"
+                if m.task == "embed"
+                else f"labels {list(m.output.labels or ())}"
+            )
+            lines.append(
+                f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, "
+                f"max {m.input.max_tokens} tokens) weights {model.weights_dir}"
+            )
     return lines
 
 

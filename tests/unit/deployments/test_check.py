@@ -35,7 +35,7 @@ def _copy_default_manifest(repo: Path, **changes: object) -> None:
 
 def test_shipped_config_passes(capsys):
     assert main([str(ROOT / "serve_config.yaml")]) == 0
-    assert "all-MiniLM-L6-v2 v1 (embed, dimension 384" in capsys.readouterr().out
+    assert "all-MiniLM-L6-v2 v1 stable (embed, dimension 384" in capsys.readouterr().out
 
 
 def test_bad_manifest_fails_naming_the_field(tmp_path, capsys):
@@ -54,3 +54,13 @@ def test_bad_user_config_fails(tmp_path, capsys):
     path = _config_with_repository(tmp_path, tmp_path / "repo", max_batch_size=0, batch_wait_timeout_s=0.01)
     assert main([str(path)]) == 1
     assert "max_batch_size" in capsys.readouterr().err
+
+
+def test_a_candidate_version_is_checked_too(tmp_path, capsys):
+    _copy_default_manifest(tmp_path / "repo")
+    path = _config_with_repository(tmp_path, tmp_path / "repo")
+    config = yaml.safe_load(path.read_text())
+    config["applications"][0]["args"]["candidate"] = {"version": "2"}  # no such version in the repository
+    path.write_text(yaml.safe_dump(config))
+    assert main([str(path)]) == 1
+    assert "all-MiniLM-L6-v2/2" in capsys.readouterr().err
