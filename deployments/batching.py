@@ -148,3 +148,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     name = type(exc).__name__
     text = str(exc).lower()
     return name == "OutOfMemoryError" or "out of memory" in text or "failed to allocate memory" in text
+
+
+def group_wait_s(others_in_flight: int, window_s: float) -> float:
+    """The ingress's grouping window for a new request: wait for company only while other requests are
+    in flight (their clients' next requests are what joins a group); alone, leave at once."""
+    return window_s if others_in_flight > 0 else 0.0

@@ -176,10 +176,18 @@ class IngressConfig(_Frozen):
         description="Share of requests that name no version sent to the candidate version (canary).",
     )
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
-    group_wait_timeout_s: float = Field(default=0.002, ge=0.0, le=1.0)
-    adaptive_wait: bool = True
-    min_wait_s: float = Field(default=0.0002, ge=0.0, le=1.0)
-    max_wait_s: float = Field(default=0.005, ge=0.0, le=1.0)
+    # Measured on 2 cores, single texts at concurrency 8: 2 ms 54 req/s, 4 ms 70, 8 ms 82 (p99 139 ms).
+    group_wait_timeout_s: float = Field(
+        default=0.008,
+        ge=0.0,
+        le=1.0,
+        description="The longest the first request of a group waits for company.",
+    )
+    adaptive_wait: bool = Field(
+        default=True,
+        description="Wait only while other requests are in flight in this replica: a request alone "
+        "(nothing else in flight, so nothing can join it soon) leaves at once.",
+    )
 
 
 class SerializerConfig(_Frozen):

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from deployments.accounting import RequestAccounting
-from deployments.batching import AdaptiveWaitWindow
+from deployments.batching import group_wait_s
 from deployments.config import IngressConfig, LimitsConfig, ObservabilityConfig
 from deployments.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.http_errors import (
@@ -98,9 +98,6 @@ class Ingress:
         self._in_flight = 0
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
-        self._window = AdaptiveWaitWindow(
-            _DEFAULTS.group_wait_timeout_s, _DEFAULTS.min_wait_s, _DEFAULTS.max_wait_s
-        )
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._limits.max_body_bytes
@@ -122,7 +119,6 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         config = IngressConfig.model_validate(user_config)
         self._config = config
-        self._window = AdaptiveWaitWindow(config.group_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._pipeline.set_max_batch_size(config.max_group_size)
         if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
             self._fallback_bytes = config.fallback_cache_mb * 2**20
@@ -146,6 +142,9 @@ class Ingress:
             request_id=request_id,
         )
         self._in_flight += 1
+        if self._config.adaptive_wait:
+            wait = group_wait_s(self._in_flight - 1, self._config.group_wait_timeout_s)
+            self._pipeline.set_batch_wait_timeout_s(wait)
         try:
             result = await asyncio.wait_for(self._pipeline(job), timeout)
         except asyncio.TimeoutError:
@@ -182,10 +181,6 @@ class Ingress:
         anyway), so members whose client left are dropped before they cost model time. Each request
         comes back with its own result or its own error.
         """
-        if self._config.adaptive_wait:
-            self._pipeline.set_batch_wait_timeout_s(
-                self._window.observe(len(jobs), self._config.max_group_size)
-            )
         first = jobs[0].version
         if all(j.version == first for j in jobs):
             return await self._through_stages(jobs, self._lanes.by_version[first])

@@ -9,6 +9,7 @@ from deployments.batching import (
     AdaptiveBatchCap,
     AdaptiveWaitWindow,
     BatchLimits,
+    group_wait_s,
     is_out_of_memory,
     padding_efficiency,
     plan_micro_batches,
@@ -152,3 +153,10 @@ def test_unrecoverable_device_errors(message, expected):
     from deployments.batching import is_unrecoverable_device_error
 
     assert is_unrecoverable_device_error(RuntimeError(message)) is expected
+
+
+def test_group_wait_only_while_others_are_in_flight():
+    # Alone in the replica, nothing can join the group soon: it leaves at once (a maximum, never a minimum).
+    assert group_wait_s(0, 0.008) == 0.0
+    assert group_wait_s(1, 0.008) == 0.008
+    assert group_wait_s(31, 0.008) == 0.008
