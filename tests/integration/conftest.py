@@ -54,6 +54,23 @@ class ServeHarness:
         client = serve_start(http_options=schema.http_options.model_dump(), proxy_location="HeadOnly")
         client.deploy_apps(schema, _blocking=False)
 
+    def deploy_extra(self, entry: dict[str, Any]) -> None:
+        """Add one test app beside the session's apps and wait until it runs."""
+        config = self.config()
+        config["applications"].append(entry)
+        self.apply(config)
+        self.wait({entry["name"]: "RUNNING"})
+
+    def remove_extras(self, timeout_s: float = 120) -> None:
+        """Back to the session's apps only (Serve deletes the others); waits until they are gone."""
+        from ray import serve
+
+        extra = set(serve.status().applications) - {a["name"] for a in self.base_config["applications"]}
+        self.apply(self.config())
+        deadline = time.monotonic() + timeout_s
+        while extra & set(serve.status().applications) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
     def wait(self, expected: dict[str, str], timeout_s: float = DEPLOY_TIMEOUT_S) -> dict[str, Any]:
         from ray import serve
 

@@ -48,15 +48,9 @@ def autoscale_app(serve_harness: ServeHarness) -> Iterator[str]:
     inference["autoscaling_config"].update(
         max_replicas=2, upscale_delay_s=2, downscale_delay_s=8, metrics_interval_s=1, look_back_period_s=3
     )
-    config = serve_harness.config()
-    config["applications"].append(entry)
-    serve_harness.apply(config)
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.deploy_extra(entry)
     yield f"{serve_harness.url}{ROUTE}/v1/embeddings"
-    serve_harness.apply(serve_harness.config())
-    deadline = time.monotonic() + 120
-    while APP in serve.status().applications and time.monotonic() < deadline:
-        time.sleep(0.5)
+    serve_harness.remove_extras()
 
 
 def test_inference_scales_out_under_load_and_back_in_after(autoscale_app: str) -> None:

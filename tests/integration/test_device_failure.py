@@ -37,15 +37,9 @@ def faulty_app(serve_harness: ServeHarness, model_repo: Path) -> Iterator[str]:
     inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
     inference.pop("autoscaling_config", None)
     inference.update(num_replicas=2, health_check_period_s=1, health_check_timeout_s=10)
-    config = serve_harness.config()
-    config["applications"].append(entry)
-    serve_harness.apply(config)
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.deploy_extra(entry)
     yield f"{serve_harness.url}{ROUTE}/predict"
-    serve_harness.apply(serve_harness.config())
-    deadline = time.monotonic() + 120
-    while APP in serve.status().applications and time.monotonic() < deadline:
-        time.sleep(0.5)
+    serve_harness.remove_extras()
 
 
 def _pids(handle: serve.handle.DeploymentHandle, tries: int = 40) -> set[int]:

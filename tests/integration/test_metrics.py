@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.unit.monitoring.test_monitoring_files import (
+from tests.support.monitoring import (
     COUNTER,
     GAUGE,
     GPU_METRICS,

@@ -75,15 +75,9 @@ def multinode_app(serve_harness: ServeHarness, model_repo: Path, second_node: st
     inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
     inference.pop("autoscaling_config", None)
     inference.update(num_replicas=2, max_replicas_per_node=1)  # one replica on each node
-    config = serve_harness.config()
-    config["applications"].append(entry)
-    serve_harness.apply(config)
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.deploy_extra(entry)
     yield f"{serve_harness.url}{ROUTE}/predict"
-    serve_harness.apply(serve_harness.config())
-    deadline = time.monotonic() + 120
-    while APP in serve.status().applications and time.monotonic() < deadline:
-        time.sleep(0.5)
+    serve_harness.remove_extras()
 
 
 def test_replicas_on_both_nodes_serve_traffic(multinode_app: str, second_node: str) -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.integration.test_metrics import SD_FILE_NAME, ray_sd_content, ray_sd_file
-from tests.unit.monitoring.test_monitoring_files import alert_rules, write_local_config
+from tests.support.monitoring import alert_rules, write_local_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -66,10 +66,7 @@ def _settled() -> bool:
 @pytest.fixture
 def versions_app(serve_harness: ServeHarness) -> Iterator[None]:
     yield
-    serve_harness.apply(serve_harness.config())  # the app leaves; the others are untouched
-    deadline = time.monotonic() + 120
-    while APP in serve.status().applications and time.monotonic() < deadline:
-        time.sleep(0.5)
+    serve_harness.remove_extras()
 
 
 def _rollout(traffic: Traffic, version: str, since: float) -> float:

@@ -1,0 +1,98 @@
+"""monitoring/alerts.yml: valid, unit-tested with promtool, and every alert fires when it should."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.monitoring import (
+    ALERTS_TEST_YML,
+    ALERTS_YML,
+    KNOWN_SERIES,
+    REQUIRED_ALERTS,
+    SEVERITIES,
+    alert_rules,
+    assert_ok,
+    metric_names,
+    promtool,
+)
+
+# ---------------------------------------------------------------------------------------------------------
+# alerts.yml and alerts_test.yml
+
+
+def test_alert_rules_pass_promtool_check() -> None:
+    assert_ok(promtool("check", "rules", str(ALERTS_YML)))
+
+
+def test_alert_rule_unit_tests_pass() -> None:
+    assert_ok(promtool("test", "rules", str(ALERTS_TEST_YML)))
+
+
+def test_promtool_rejects_a_rule_file_with_a_typo(tmp_path: Path) -> None:
+    broken = tmp_path / "alerts.yml"
+    text = ALERTS_YML.read_text()
+    assert "histogram_quantile(0.99," in text
+    broken.write_text(text.replace("histogram_quantile(0.99,", "histogram_quantile(0.99", 1))
+    assert promtool("check", "rules", str(broken)).returncode != 0
+
+
+# Each mutation breaks one alert (a threshold either way, a dropped filter): alerts_test.yml must notice
+# every one, so each alert really is tested for firing on bad series and staying quiet on healthy ones.
+RULE_MUTATIONS = [
+    ("TextServeGPUUnderutilized", "< 20", "< 2"),  # no longer fires at 5 %
+    ("TextServeGPUUnderutilized", "< 20", "< 95"),  # fires on the busy (90 %) GPU
+    ("TextServeInferenceQueueBacklog", "> 100", "> 1000"),
+    ("TextServeInferenceQueueBacklog", "> 100", "> 10"),
+    ("TextServeLatencyP99OverSLO", "> 500", "> 5000"),
+    ("TextServeLatencyP99OverSLO", "> 500", "> 50"),
+    ("TextServeHighErrorRatio", "> 0.01", "> 0.5"),
+    ("TextServeHighErrorRatio", "> 0.01", "> 0.001"),
+    # Health probes are not traffic, and their 503s (replica still loading) are not failed requests.
+    ("TextServeGPUUnderutilized", '{route=~"embeddings|predict"}', ""),
+    ("TextServeHighErrorRatio", 'route=~"embeddings|predict",status_code', "status_code"),
+]
+
+
+@pytest.mark.parametrize(("alert", "old", "new"), RULE_MUTATIONS)
+def test_alert_unit_tests_catch_a_broken_rule(tmp_path: Path, alert: str, old: str, new: str) -> None:
+    doc = yaml.safe_load(ALERTS_YML.read_text())
+    (rule,) = [r for g in doc["groups"] for r in g["rules"] if r.get("alert") == alert]
+    assert rule["expr"].count(old) == 1, f"{alert}: expected {old!r} once in {rule['expr']!r}"
+    rule["expr"] = rule["expr"].replace(old, new)
+    (tmp_path / "alerts.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    shutil.copy(ALERTS_TEST_YML, tmp_path / "alerts_test.yml")
+    assert_ok(promtool("check", "rules", str(tmp_path / "alerts.yml")))
+    result = promtool("test", "rules", str(tmp_path / "alerts_test.yml"))
+    assert result.returncode != 0, f"alerts_test.yml passed with {alert} at {new!r}:\n{result.stdout}"
+
+
+def test_required_alerts_have_severity_and_annotations() -> None:
+    rules = {rule["alert"]: rule for rule in alert_rules() if "alert" in rule}
+    assert set(rules) >= REQUIRED_ALERTS, f"missing alerts: {REQUIRED_ALERTS - set(rules)}"
+    for name, rule in rules.items():
+        assert rule.get("labels", {}).get("severity") in SEVERITIES, f"{name}: severity label"
+        annotations = rule.get("annotations", {})
+        assert annotations.get("summary") and annotations.get("description"), f"{name}: annotations"
+
+
+def test_every_alert_is_unit_tested() -> None:
+    tested = {
+        case["alertname"]
+        for test in yaml.safe_load(ALERTS_TEST_YML.read_text())["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    alerts = {rule["alert"] for rule in alert_rules() if "alert" in rule}
+    assert alerts <= tested, f"alerts never expected to fire in alerts_test.yml: {alerts - tested}"
+
+
+def test_alerts_use_only_exported_metrics() -> None:
+    for rule in alert_rules():
+        names = metric_names(rule["expr"])
+        assert names, f"{rule.get('alert')}: no metric in {rule['expr']!r}"
+        unknown = names - KNOWN_SERIES
+        assert not unknown, f"{rule.get('alert')}: unknown metrics {unknown}"
