@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import APP
+from tests.integration.traffic import error_code
 
 pytestmark = pytest.mark.integration
 
@@ -94,12 +95,7 @@ def _client_loop(base_url: str, worker: int, stop: threading.Event, counter, out
                 out.append(Outcome(sent, time.monotonic(), None, False, None, repr(exc)))
                 continue
             done = time.monotonic()
-            code = None
-            if resp.status_code != 200:
-                try:
-                    code = resp.json()["error"]["code"]
-                except Exception:
-                    code = f"<not the error format: {resp.text[:200]!r}>"
+            code = error_code(resp)
             out.append(Outcome(sent, done, resp.status_code, resp.headers.get("x-degraded") == "true", code))
 
 

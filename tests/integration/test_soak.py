@@ -31,6 +31,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import APP
+from tests.integration.traffic import error_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -102,12 +103,7 @@ def _run_load(
                         results.append(Result(None, time.monotonic() - started, exc=repr(exc)))
                         continue
                     latency = time.monotonic() - started
-                    code = None
-                    if resp.status_code != 200:
-                        try:
-                            code = resp.json()["error"]["code"]
-                        except Exception:
-                            code = f"<not the error format: {resp.text[:200]!r}>"
+                    code = error_code(resp)
                     results.append(Result(resp.status_code, latency, code, resp.headers.get("retry-after")))
                     if resp.status_code == 503 and backoff_on_503_s:
                         await asyncio.sleep(rng.uniform(0, backoff_on_503_s))

@@ -70,3 +70,13 @@ class Traffic:
 
 def failures(answers: list[Answer]) -> list[Answer]:
     return [a for a in answers if a.status != 200]
+
+
+def error_code(resp: httpx.Response) -> str | None:
+    """The service's error code of a non-200 answer (None for a 200); flags a body not in the error format."""
+    if resp.status_code == 200:
+        return None
+    try:
+        return str(resp.json()["error"]["code"])
+    except Exception:
+        return f"<not the error format: {resp.text[:200]!r}>"
