@@ -46,7 +46,10 @@ def test_service_spec_args_overrides_reach_the_config() -> None:
 def test_run_defaults_and_quick() -> None:
     opts = parse(["run"])
     assert opts.mode == "run"
-    assert [s.name for s in opts.services] == ["service"]
+    assert [s.name for s in opts.services] == ["service", "service-direct"]
+    assert opts.services[0].env == {}
+    assert opts.services[1].env == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert [s.name for s in parse(["ramp"]).services] == ["service"]  # a ramp measures one system
     assert (opts.warmup_s, opts.duration_s, opts.w1_concurrency, opts.w2_concurrency) == (
         5.0,
         15.0,
@@ -58,6 +61,7 @@ def test_run_defaults_and_quick() -> None:
     assert (quick.warmup_s, quick.duration_s, quick.w1_concurrency) == (1.0, 3.0, [1, 8])
     assert not quick.naive and not quick.inprocess_enabled and not quick.onnx
     assert quick.services[0].env == {"A": "1"}
+    assert quick.services[1].env["A"] == "1" and quick.services[1].env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
     assert quick.command.startswith("python -m bench run --quick")
 
 
