@@ -129,7 +129,7 @@ class RunReport:
         return None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(asdict(self), indent=2, default=str)  # paths nested in options
 
     def save(self, path: Path) -> None:
         path.write_text(self.to_json() + "\n")

@@ -60,6 +60,16 @@ def test_report_json_round_trip(tmp_path: Path) -> None:
     assert isinstance(back.points[0], Point)
 
 
+def test_report_with_nested_paths_saves(tmp_path: Path) -> None:
+    # `--inprocess onnx=DIR` puts (label, Path) pairs inside the options; saving used to fail on them.
+    options = {"inprocess": [("onnx", tmp_path / "model")], "out": str(tmp_path)}
+    rep = RunReport("python -m bench run --inprocess onnx=DIR", {"nproc": 2}, options, {"texts": 1})
+    rep.save(tmp_path / "results.json")
+    assert RunReport.load(tmp_path / "results.json").options["inprocess"] == [
+        ["onnx", str(tmp_path / "model")]
+    ]
+
+
 def test_retry_disturbed_keeps_the_least_disturbed_point() -> None:
     loads = iter([0.5, 0.3, 0.05, 0.0])
     calls = []
