@@ -1,7 +1,9 @@
 """Run groups of requests through a runner so that a failure costs only the request that caused it.
 
 A batch that raises is retried request by request: a poisoned input gets its own error while the
-others in the same batch still get their results. No Ray; the inference deployment calls this.
+others in the same batch still get their results. A device that failed for good is not retried on:
+every request gets a retryable 503 so clients go to a healthy replica. No Ray; the inference
+deployment calls this.
 """
 
 from __future__ import annotations
@@ -17,13 +19,17 @@ from deployments.batching import BatchLimits
 from deployments.runner_base import BatchRunner
 from postprocess.contracts import ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError
+from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 
 log = logging.getLogger(__name__)
 
 Group = list[EncodedTexts | ServiceError]  # one ingress call: several requests, some may have failed
 Answers = list[ModelOutput | ServiceError]
 MakeOutput = Callable[[EncodedTexts, np.ndarray], ModelOutput]
+
+
+def device_gone() -> UnavailableError:
+    return UnavailableError("this replica's device failed; it is being replaced, retry shortly")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +69,12 @@ def run_groups(
         per_request = _split(result.values, requests)
         real, padded = result.real_tokens, result.padded_tokens
     except Exception:
-        if len(requests) <= 1:
+        if runner.fatal_error is not None:
+            # Retrying one by one on a dead device fails the same way, request after request.
+            log.exception("device failed on a batch of %d requests", len(requests))
+            per_request = [device_gone()] * len(requests)
+            failures = len(requests)
+        elif len(requests) <= 1:
             log.exception("model failed on a request")
             per_request = [ModelExecutionError("the model failed on this input")] * len(requests)
             failures = len(requests)

@@ -21,7 +21,7 @@ from ray import serve
 from deployments.backends import create_runner
 from deployments.batching import AdaptiveWaitWindow, BatchLimits
 from deployments.config import BatchingConfig, ObservabilityConfig, RuntimeConfig
-from deployments.group_runner import Answers, Group, GroupRun, run_groups
+from deployments.group_runner import Answers, Group, GroupRun, device_gone, run_groups
 from deployments.manifest import ResolvedModel
 from deployments.metrics import GpuMonitor, InferenceMetrics
 from deployments.model_repo import recheck_on_replica
@@ -29,7 +29,7 @@ from deployments.observability import setup_replica
 from deployments.profiling import BatchProfiler
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import ServiceError, UnavailableError
+from preprocess.errors import ServiceError
 
 log = logging.getLogger("textserve.inference")
 
@@ -153,7 +153,7 @@ class InferenceDeployment:
         start_ns = time.time_ns()
         groups = [q.group for q in queued]
         if self._runner.fatal_error is not None:  # the device is gone: refuse (retryable) until replaced
-            gone = UnavailableError("this replica's device failed; it is being replaced, retry shortly")
+            gone = device_gone()
             return [[m if isinstance(m, ServiceError) else gone for m in group] for group in groups]
         loop = asyncio.get_running_loop()
         run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)

@@ -71,10 +71,11 @@ def test_failed_device_replica_is_replaced_while_the_other_serves(faulty_app: st
         f"{len(during)} requests meanwhile: {dict(statuses)}"
     )
     assert replaced_after is not None, "the failed replica was never replaced"
-    # The batch that hit the error fails (500 model_error); until the health check catches it the failed
-    # replica answers 503 unavailable (retryable); the other replica serves throughout.
-    assert set(statuses) <= {200, 500, 503}, statuses
-    assert 1 <= statuses[500] <= 4, statuses
+    # The batch that hit the error and everything the failed replica gets until the health check catches it
+    # are answered 503 unavailable (retryable: the device failed, not the input; nothing is retried on the
+    # dead device, so nothing of it comes back 200 or 500); the other replica serves throughout.
+    assert set(statuses) <= {200, 503}, statuses
+    assert statuses[503] >= 1, statuses
     assert statuses[200] > statuses[503], statuses
     after = [a for a in answers if a.at >= started + replaced_after]
     assert after and all(a.status == 200 for a in after), Counter(a.status for a in after)

@@ -6,10 +6,11 @@ import numpy as np
 
 from deployments.batching import BatchLimits
 from deployments.group_runner import run_groups
+from deployments.http_errors import status_of
 from deployments.runner_base import BatchRunner
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import InputTooLongError, ModelExecutionError
+from preprocess.errors import InputTooLongError, ModelExecutionError, UnavailableError
 
 POISON = 666
 
@@ -30,7 +31,7 @@ class PoisonRunner(BatchRunner):
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         self.batches += 1
         if (ids == POISON).any():
-            raise RuntimeError("device-side assert triggered")
+            raise IndexError("index out of range in self")  # what a bad token id gives on CPU torch
         return np.repeat(ids[:, :1].astype(np.float32), self.output_size, axis=1)
 
 
@@ -64,6 +65,18 @@ def test_poisoned_request_fails_alone(default_model):
     assert passed_on is upstream  # an upstream error is answered as it was
     assert ok2.values[:, 0].tolist() == [23.0, 24.0]
     assert run.isolated_failures == 1
+
+
+def test_a_dead_device_is_not_retried_request_by_request(default_model):
+    runner = PoisonRunner(default_model)
+    runner.injected_error = RuntimeError("CUDA error: an illegal memory access was encountered")
+    groups = [[_request(41), _request(42)], [_request(43)]]
+    run = run_groups(runner, groups, LIMITS, _make)
+    answers = [a for g in run.answers for a in g]
+    assert runner.fatal_error is not None
+    assert all(isinstance(a, UnavailableError) and status_of(a) == 503 for a in answers), answers
+    assert runner.batches == 0  # the injected error fired instead of the forward pass; nothing ran after it
+    assert run.isolated_failures == 3
 
 
 def test_lone_failing_request_gets_an_error_not_an_exception(default_model):
