@@ -13,6 +13,15 @@ def create_runner(
     pad_id: int | None = None,
     threads: int | None = None,
     cache_release_fraction: float = 0.9,
+    parallel_passes: int = 1,
+) -> BatchRunner:
+    runner = _create(model, device, pad_id, threads, cache_release_fraction)
+    runner.set_parallel(parallel_passes)
+    return runner
+
+
+def _create(
+    model: ResolvedModel, device: str, pad_id: int | None, threads: int | None, cache_release_fraction: float
 ) -> BatchRunner:
     pad = pad_token_id(model.tokenizer_file) if pad_id is None else pad_id
     if model.manifest.format == "onnx":

@@ -75,6 +75,13 @@ class RuntimeConfig(_Frozen):
         description="Intra-op threads per inference replica (torch or ONNX Runtime); "
         "null: the backend's default.",
     )
+    parallel_passes: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
+        "into at least this many length-sorted passes). CPU: with intra_op_threads 1, one per core.",
+    )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 

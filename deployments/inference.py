@@ -88,6 +88,7 @@ class InferenceDeployment:
             device,
             threads=runtime.intra_op_threads,
             cache_release_fraction=runtime.cuda_cache_release_fraction,
+            parallel_passes=runtime.parallel_passes,
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")

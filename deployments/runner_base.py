@@ -4,8 +4,10 @@ out-of-memory back-off (split the batch, retry the halves, lower the cap). No Ra
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,9 @@ class BatchRunner(ABC):
         self.cap = AdaptiveBatchCap(ceiling=DEFAULT_LIMITS.max_sequences)
         self.fatal_error: str | None = None
         self.injected_error: Exception | None = None  # fault injection: raised by the next forward pass
+        self.parallel = 1
+        self._pool: ThreadPoolExecutor | None = None
+        self._cap_lock = threading.Lock()  # passes of one batch may finish on different threads
 
     @property
     @abstractmethod
@@ -58,6 +63,16 @@ class BatchRunner(ABC):
     @abstractmethod
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """(batch, longest) int64 ids and mask -> (batch, output_size) float32."""
+
+    def set_parallel(self, passes: int) -> None:
+        """Run up to ``passes`` forward passes of a batch at once, each on its own thread (CPU: pair with
+        one intra-op thread each; a busy machine descheduling one thread of a 2-thread pool stalls both)."""
+        self.parallel = max(1, passes)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._pool = (
+            ThreadPoolExecutor(self.parallel, thread_name_prefix="pass") if self.parallel > 1 else None
+        )
 
     def _release_memory(self) -> None:  # noqa: B027 - optional hook
         """Give cached device memory back after an out-of-memory error (device backends override)."""
@@ -73,10 +88,16 @@ class BatchRunner(ABC):
         lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=n)
         if self.cap.ceiling != limits.max_sequences:
             self.cap.set_ceiling(limits.max_sequences)
-        effective = BatchLimits(min(limits.max_sequences, self.cap.current), limits.max_tokens)
-        plan = plan_micro_batches(lengths, effective)
-        for idx in plan:
-            self._run_indices(idx, sequences, lengths, out)
+        per_pass = min(limits.max_sequences, self.cap.current)
+        if self.parallel > 1:  # at least one pass per thread: -(-n // k) is ceil(n / k)
+            per_pass = min(per_pass, -(-n // self.parallel))
+        plan = plan_micro_batches(lengths, BatchLimits(per_pass, limits.max_tokens))
+        if self._pool is not None and len(plan) > 1:
+            # Disjoint rows of `out` per pass; list() re-raises the first failure here.
+            list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan))
+        else:
+            for idx in plan:
+                self._run_indices(idx, sequences, lengths, out)
         padded = round(float(lengths.sum()) / padding_efficiency(lengths, plan))
         return RunResult(out, int(lengths.sum()), padded, len(plan))
 
@@ -95,13 +116,15 @@ class BatchRunner(ABC):
                 )
             if not is_out_of_memory(exc) or len(idx) == 1:
                 raise
-            self.cap.on_oom(len(idx))
+            with self._cap_lock:
+                self.cap.on_oom(len(idx))
             self._release_memory()
             half = len(idx) // 2
             self._run_indices(idx[:half], sequences, lengths, out)
             self._run_indices(idx[half:], sequences, lengths, out)
             return
-        self.cap.on_success()
+        with self._cap_lock:
+            self.cap.on_success()
         self._after_batch()
 
     def _pad(self, seqs: list[np.ndarray], longest: int) -> tuple[np.ndarray, np.ndarray]:
