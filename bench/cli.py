@@ -9,14 +9,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.service import ROOT, ServiceVariant, parse_env_pair, parse_service
+from bench.service import DIRECT_INGRESS_ENV, ROOT, ServiceVariant, parse_env_pair, parse_service
 
 WORK_DIR = ROOT / ".bench"
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
 SYSTEM_CHOICES = ("naive-fastapi", "infinity-torch", "infinity-onnx")
 # The same config with Ray Serve's direct ingress behind HAProxy (experimental Serve features, opt-in:
 # README "Faster HTTP path"); `run` measures it beside the default so both stand in one table.
-DIRECT_SPEC = "service-direct=serve_config.yaml,RAY_SERVE_ENABLE_DIRECT_INGRESS=1,RAY_SERVE_ENABLE_HA_PROXY=1"
+DIRECT_SPEC = "service-direct=serve_config.yaml," + ",".join(
+    f"{k}={v}" for k, v in DIRECT_INGRESS_ENV.items()
+)
 
 
 @dataclass

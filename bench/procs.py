@@ -67,13 +67,12 @@ def _alive(pid: int) -> bool:
 
 def _session_of(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[4])
-    except (OSError, ValueError, IndexError):
+        return os.getsid(pid)
+    except OSError:  # gone meanwhile
         return None
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -93,7 +92,7 @@ def find_leftovers(session_id: int, markers: Iterable[str] = ()) -> list[int]:
     for pid in _pids():
         if pid == me or not _alive(pid):
             continue
-        if _session_of(pid) == session_id or (markers and any(m in _cmdline(pid) for m in markers)):
+        if _session_of(pid) == session_id or (markers and any(m in cmdline(pid) for m in markers)):
             found.append(pid)
     return found
 

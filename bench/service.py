@@ -25,6 +25,8 @@ import yaml
 from bench import procs
 
 ROOT = Path(__file__).resolve().parent.parent
+# Ray Serve's direct ingress behind HAProxy (experimental; README "Faster HTTP path"): Ray processes' env.
+DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 READY_TIMEOUT_S = 420.0
 
 

@@ -72,8 +72,7 @@ class RuntimeConfig(_Frozen):
     intra_op_threads: int | None = Field(
         default=None,
         ge=1,
-        description="Intra-op threads per forward pass (torch or ONNX Runtime); "
-        "null: the backend's default.",
+        description="Intra-op threads per forward pass (torch or ONNX Runtime); null: the backend's default.",
     )
     parallel_passes: int = Field(
         default=1,

@@ -8,7 +8,6 @@ HAProxy is really in front, and that the API behaves as it does on the default p
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,32 +16,21 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.service import ROOT, RayServeService, ServiceVariant
+from bench import procs
+from bench.service import DIRECT_INGRESS_ENV, ROOT, RayServeService, ServiceVariant
 
 pytestmark = pytest.mark.integration
 
-DIRECT_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 MODEL = "all-MiniLM-L6-v2"
 
 
-def _processes_named(name: str, session_id: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/comm") as f:
-                comm = f.read().strip()
-            if comm == name and os.getsid(int(entry)) == session_id:
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
+def _haproxy_in(session_id: int) -> list[int]:
+    return [p for p in procs.find_leftovers(session_id) if "/haproxy " in procs.cmdline(p) + " "]
 
 
 @pytest.fixture(scope="module")
 def direct(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayServeService]:
-    variant = ServiceVariant(name="direct", config=ROOT / "serve_config.yaml", env=DIRECT_ENV)
+    variant = ServiceVariant(name="direct", config=ROOT / "serve_config.yaml", env=DIRECT_INGRESS_ENV)
     service = RayServeService(variant, Path(tmp_path_factory.mktemp("direct-ingress")), num_cpus=2)
     try:
         service.start()
@@ -59,7 +47,7 @@ def client(direct: RayServeService) -> Iterator[httpx.Client]:
 
 def test_haproxy_is_in_front(direct: RayServeService) -> None:
     assert direct.session_id is not None
-    assert _processes_named("haproxy", direct.session_id), "no HAProxy process in the service's session"
+    assert _haproxy_in(direct.session_id), "no HAProxy process in the service's session"
 
 
 def test_same_answers_as_the_default_path(client: httpx.Client, http: httpx.Client) -> None:
