@@ -6,9 +6,17 @@ servers are measured):
     python -m bench.inprocess --request req.json --out out.json
 
 The request names model directories (each holding a ``manifest.json``; the manifest's format picks
-torch or ONNX Runtime) and the texts. Two rows per model: batch 1 (one text per call) and length-sorted
-batch 32 (the texts sorted by token count, cut into groups of 32, the groups in shuffled order). It also
-computes reference embeddings for the correctness check of every HTTP system, with plain transformers.
+torch or ONNX Runtime) and the texts. Three rows per model:
+
+- ``b1``: one text per call;
+- ``b32-sorted``: the whole corpus sorted by token count, cut into groups of 32 (the groups in shuffled
+  order), one forward pass per group: almost no padding, the limit;
+- ``b32-requests``: W2's own requests (the same consecutive groups of 32 texts the load generator
+  sends), one call each, cut into forward passes as the service cuts them (its micro-batch limits):
+  what the model alone does with exactly the texts the service gets, one request at a time.
+
+It also computes reference embeddings for the correctness check of every HTTP system, with plain
+transformers.
 """
 
 from __future__ import annotations
@@ -20,10 +28,11 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.corpus import batches
 from bench.machine import OtherLoadProbe, wait_for_quiet
 from bench.results import Point, retry_disturbed, summarize
 
@@ -57,13 +66,41 @@ def make_runner(model: Any) -> Any:
     return create_runner(model, device="cpu")
 
 
+@dataclass(frozen=True)
+class Row:
+    """One in-process row: how the texts are grouped into calls and cut into forward passes."""
+
+    workload: str
+    groups: list[list[str]]
+    pass_sequences: int  # sequences per forward pass
+    pass_tokens: int  # padded tokens per forward pass
+
+
+def rows_for(
+    texts: list[str],
+    lengths: list[int],
+    max_tokens: int,
+    seed: int,
+    request_texts: int,
+    micro_batch: tuple[int, int],
+) -> list[Row]:
+    """The rows measured per model (module docstring); ``micro_batch`` is the service's pass limits."""
+    sorted32 = [[texts[i] for i in g] for g in sorted_groups(lengths, 32, seed)]
+    return [
+        Row("b1", [[texts[i] for i in g] for g in sorted_groups(lengths, 1, seed)], 1, max_tokens),
+        Row("b32-sorted", sorted32, 32, 32 * max_tokens),
+        Row(f"b{request_texts}-requests", batches(texts, request_texts), *micro_batch),
+    ]
+
+
 def run_batch(runner: Any, sequences: list[Any], batch: int, max_tokens: int) -> None:
-    """``runner.run`` with at most ``batch`` sequences per forward pass, whichever run() signature."""
+    """``runner.run`` with at most ``batch`` sequences and ``max_tokens`` padded tokens per forward
+    pass, whichever run() signature the checkout has."""
     params = inspect.signature(runner.run).parameters
     if "limits" in params:
         from deployments.batching import BatchLimits
 
-        runner.run(sequences, BatchLimits(max_sequences=batch, max_tokens=batch * max_tokens))
+        runner.run(sequences, BatchLimits(max_sequences=batch, max_tokens=max_tokens))
     else:
         runner.run(sequences, max_batch=batch)
 
@@ -86,6 +123,8 @@ def measure_model(
     max_other_load: float = 1.0,
     retries: int = 0,
     quiet_wait_s: float = 0.0,
+    request_texts: int = 32,
+    micro_batch: tuple[int, int] = (32, 512),
 ) -> list[Point]:
     from preprocess.tokenize import TextTokenizer
 
@@ -95,20 +134,20 @@ def measure_model(
     runner = make_runner(model)
     lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
     points = []
-    for batch, workload in ((1, "b1"), (32, "b32-sorted")):
-        groups = [[texts[i] for i in g] for g in sorted_groups(lengths, batch, seed)]
+    for spec in rows_for(texts, lengths, max_tokens, seed, request_texts, micro_batch):
 
-        def call(group: list[str], batch: int = batch) -> None:
+        def call(group: list[str], spec: Row = spec) -> None:
             enc = tok.encode(group, truncate=True)
-            run_batch(runner, list(enc.sequences()), batch, max_tokens)
+            run_batch(runner, list(enc.sequences()), spec.pass_sequences, spec.pass_tokens)
 
+        workload = spec.workload
         row = functools.partial(
             _measure_row,
             f"inprocess-{label}",
             workload,
-            batch,
+            len(spec.groups[0]),
             call,
-            groups,
+            spec.groups,
             warmup_s,
             duration_s,
             max_other_load,
@@ -187,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                 req.get("max_other_load", 1.0),
                 req.get("retries", 0),
                 req.get("quiet_wait_s", 0.0),
+                req.get("request_texts", 32),
+                tuple(req.get("micro_batch", (32, 512))),
             )
             result["points"] += [asdict(p) for p in points]
             for p in points:

@@ -54,12 +54,13 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
     for i, p in enumerate(q for q in points if q.system.startswith("inprocess-")):
-        style = ":" if p.workload == "b1" else "-."
+        same_requests = p.workload.endswith("-requests")  # W2's requests through the model alone
+        style = ":" if p.workload == "b1" else ("--" if same_requests else "-.")
         axes[1].axvline(
             p.seq_per_s,
             linestyle=style,
             color=plt.get_cmap("Dark2")(i % 8),
-            label=f"{p.system} {p.workload} (limit)",
+            label=f"{p.system} {p.workload} ({'model alone' if same_requests else 'limit'})",
         )
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:

@@ -8,6 +8,7 @@ from bench.results import Point, Ratio, RunReport, SystemInfo
 
 INFINITY_ONNX = "infinity-onnx"
 INPROCESS_ONNX = "inprocess-onnx"
+CONTEXT = "(context)"  # a ratio shown to explain others, with no target of its own
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -65,14 +66,15 @@ def _compare(
     name: str,
     pair: tuple[tuple[str, Point | None], tuple[str, Point | None]],
     metric: str,
-    target: float,
+    target: float | None,
     max_other_load: float,
     higher_is_better: bool = True,
 ) -> Ratio:
-    """``metric`` of the first point over the second's, against ``target``; the detail names the
-    inputs, or why one is missing, and any point measured while other processes loaded the machine."""
+    """``metric`` of the first point over the second's, against ``target`` (None: shown for context,
+    no target); the detail names the inputs, or why one is missing, and any point measured while
+    other processes loaded the machine."""
     (num_sys, num), (den_sys, den) = pair
-    want = f">= {target:g}" if higher_is_better else f"<= {target:g}"
+    want = CONTEXT if target is None else f">= {target:g}" if higher_is_better else f"<= {target:g}"
     if num is None or den is None:
         return Ratio(name, None, want, None, _why_missing(report, num_sys if num is None else den_sys))
     a, b = getattr(num, metric), getattr(den, metric)
@@ -84,6 +86,8 @@ def _compare(
     if a is None or not b:
         return Ratio(name, None, want, None, detail)
     value = round(a / b, 2)
+    if target is None:
+        return Ratio(name, value, want, None, detail)
     return Ratio(name, value, want, value >= target if higher_is_better else value <= target, detail)
 
 
@@ -95,6 +99,8 @@ def compute_ratios(
     inf_w1 = (INFINITY_ONNX, report.point(INFINITY_ONNX, "W1", w1_conc))
     onnx_rows = [p for p in report.points if p.system == INPROCESS_ONNX]
     limit = (INPROCESS_ONNX, max(onnx_rows, key=lambda p: p.seq_per_s, default=None))
+    # The model alone on W2's own requests, one at a time: how much of the gap to the limit is serving.
+    same_requests = (INPROCESS_ONNX, next((p for p in onnx_rows if p.workload.endswith("-requests")), None))
     ratios: list[Ratio] = []
     for name in service_names:
         w2 = (name, report.point(name, "W2"))
@@ -105,6 +111,14 @@ def compute_ratios(
                 report, f"{name} W2 seq/s ÷ Infinity-ONNX W2 seq/s", (w2, inf_w2), "seq_per_s", 2.0, lim
             ),
             _compare(report, f"{name} W2 seq/s ÷ in-process ONNX limit", (w2, limit), "seq_per_s", 0.8, lim),
+            _compare(
+                report,
+                f"{name} W2 seq/s ÷ in-process ONNX on W2's requests",
+                (w2, same_requests),
+                "seq_per_s",
+                None,
+                lim,
+            ),
             _compare(
                 report, f"{name} W1 c={w1_conc} req/s ÷ Infinity-ONNX", (w1, inf_w1), "req_per_s", 1.0, lim
             ),
@@ -124,7 +138,7 @@ def compute_ratios(
 def ratios_table(ratios: Sequence[Ratio]) -> str:
     lines = ["| ratio | value | target | met | from |", "|---|---|---|---|---|"]
     for r in ratios:
-        met = "n/a" if r.met is None else ("yes" if r.met else "**no**")
+        met = "-" if r.target == CONTEXT else "n/a" if r.met is None else "yes" if r.met else "**no**"
         value = "n/a" if r.value is None else f"{r.value:.2f}"
         lines.append(f"| {r.name} | {value} | {r.target} | {met} | {r.detail} |")
     return "\n".join(lines)

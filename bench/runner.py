@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from bench import infinity, loadgen, machine, report, systems
 from bench.cli import WORK_DIR, Options
@@ -97,6 +98,22 @@ def inprocess_specs(opts: Options, rep: RunReport, log_dir: Path) -> list[tuple[
     return specs
 
 
+def service_micro_batch(opts: Options) -> tuple[int, int]:
+    """Sequences and padded tokens per forward pass in the (first) service config measured, so the
+    in-process row on W2's requests cuts them as the service does; the config defaults otherwise."""
+    from bench.config_edit import user_config_of
+    from deployments.config import BatchingConfig
+
+    values: dict[str, Any] = {}
+    if opts.services:
+        try:
+            values = user_config_of(load_config(opts.services[0].config))
+        except (OSError, ValueError, yaml.YAMLError) as exc:  # the service run reports a bad config
+            print(f"micro-batch limits from the config defaults ({exc})", file=sys.stderr, flush=True)
+    config = BatchingConfig.model_validate(values)
+    return config.micro_batch_size, config.micro_batch_tokens
+
+
 def run_inprocess(
     opts: Options, rep: RunReport, corpus: Corpus, check_texts: list[str], log_dir: Path
 ) -> np.ndarray:
@@ -112,6 +129,8 @@ def run_inprocess(
         "max_other_load": opts.max_other_load,
         "retries": opts.retries,
         "quiet_wait_s": opts.quiet_wait_s,
+        "request_texts": opts.w2_texts,
+        "micro_batch": service_micro_batch(opts),
     }
     req_file, out_file = log_dir / "inprocess-request.json", log_dir / "inprocess-result.json"
     req_file.write_text(json.dumps(request))

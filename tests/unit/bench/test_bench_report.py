@@ -69,6 +69,21 @@ def test_ratios_from_the_same_run() -> None:
     assert p99.met is True and p99.value == 0.75
 
 
+def test_w2_against_the_model_alone_on_its_own_requests_is_context_not_a_target() -> None:
+    rep = _report()
+    rep.points.append(
+        _point("inprocess-onnx", "b32-requests", 1, 32, 2.5, 0.5)
+    )  # 2.5 calls/s of 32 texts: 80 seq/s
+    ratios = {r.name: r for r in compute_ratios(rep, ["service"])}
+    same = ratios["service W2 seq/s ÷ in-process ONNX on W2's requests"]
+    assert same.value == 0.8 and same.met is None and same.target == "(context)"
+    assert "b32-requests" in same.detail
+    row = next(line for line in ratios_table(list(ratios.values())).splitlines() if "W2's requests" in line)
+    assert "| 0.80 | (context) | - |" in row
+    # the row never becomes the limit unless it is the fastest one
+    assert "b1" in ratios["service W2 seq/s ÷ in-process ONNX limit"].detail
+
+
 def test_ratios_say_why_infinity_is_missing() -> None:
     ratios = compute_ratios(_report(with_infinity=False), ["service"])
     missing = [r for r in ratios if "Infinity" in r.name]
