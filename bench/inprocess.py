@@ -140,11 +140,10 @@ def measure_model(
             enc = tok.encode(group, truncate=True)
             run_batch(runner, list(enc.sequences()), spec.pass_sequences, spec.pass_tokens)
 
-        workload = spec.workload
         row = functools.partial(
             _measure_row,
             f"inprocess-{label}",
-            workload,
+            spec.workload,
             len(spec.groups[0]),
             call,
             spec.groups,
@@ -155,7 +154,7 @@ def measure_model(
         )
         point, _, taken = retry_disturbed(row, max_other_load, retries)
         if taken > 1:
-            print(f"{label} {workload}: {taken} measurements (the first ones were disturbed)", flush=True)
+            print(f"{label} {spec.workload}: {taken} tries (the first ones were disturbed)", flush=True)
         points.append(point)
     return points
 
