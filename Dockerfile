@@ -43,10 +43,13 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY --chown=ray:users . .
 RUN pip install --no-deps -e .
 
-# Bake the ONNX export of every model version in models/ (models/all-MiniLM-L6-v2/1 by default; .dockerignore
-# keeps local exports out), then the preflight on serve_config.yaml, whose models the cluster serves too: a
-# model that does not check out fails the build, not the rollout.
+# Bake the ONNX exports of every model version in models/ (models/all-MiniLM-L6-v2/1 by default; .dockerignore
+# keeps local exports out), fp32 and fp16 (model.precision picks one), then the preflight on serve_config.yaml,
+# whose models the cluster serves too: a model that does not check out fails the build, not the rollout.
 RUN for dir in models/*/*/; do \
-        if [ -f "${dir}manifest.json" ]; then python -m deployments.export_onnx --model "${dir%/}" || exit 1; fi; \
+        if [ -f "${dir}manifest.json" ]; then \
+            python -m deployments.export_onnx --model "${dir%/}" \
+            && python -m deployments.export_onnx --model "${dir%/}" --precision fp16 || exit 1; \
+        fi; \
     done \
     && python -m deployments.check serve_config.yaml

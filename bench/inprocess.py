@@ -39,8 +39,9 @@ from bench.results import Point, retry_disturbed, summarize
 MAX_CALLS = 1_000_000
 
 
-def load_model_dir(model_dir: Path) -> Any:
-    """The ResolvedModel described by ``model_dir/manifest.json`` (checked, without hashing files)."""
+def load_model_dir(model_dir: Path, precision: str = "fp32") -> Any:
+    """The ResolvedModel described by ``model_dir/manifest.json`` (checked, without hashing files); torch
+    weights load in ``precision``."""
     from deployments.manifest import ResolvedModel, load_manifest, weights_dir_of
     from deployments.weights_check import check_weights
 
@@ -48,10 +49,12 @@ def load_model_dir(model_dir: Path) -> Any:
     manifest = load_manifest(path)
     weights = weights_dir_of(manifest, path)
     check_weights(manifest, weights, path, False)
-    return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights)
+    if precision == "fp32":  # checkouts before half precision have no such field
+        return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights)
+    return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights, precision=precision)
 
 
-def make_runner(model: Any) -> Any:
+def make_runner(model: Any, device: str = "cpu") -> Any:
     try:
         from deployments.backends import create_runner
     except ImportError:  # before the backends module existed: torch only
@@ -63,7 +66,7 @@ def make_runner(model: Any) -> Any:
         if getattr(model.manifest, "format", "transformers") != "transformers":
             raise RuntimeError("this checkout has no deployments.backends for non-torch models") from None
         return ModelRunner(model, torch.device("cpu"), pad_token_id(model.tokenizer_file))
-    return create_runner(model, device="cpu")
+    return create_runner(model, device=device)
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,15 @@ def measure_model(
     quiet_wait_s: float = 0.0,
     request_texts: int = 32,
     micro_batch: tuple[int, int] = (32, 512),
+    device: str = "cpu",
+    precision: str = "fp32",
 ) -> list[Point]:
     from preprocess.tokenize import TextTokenizer
 
-    model = load_model_dir(model_dir)
+    model = load_model_dir(model_dir, precision)
     max_tokens = model.manifest.input.max_tokens
     tok = TextTokenizer(model.tokenizer_file, max_tokens)
-    runner = make_runner(model)
+    runner = make_runner(model, device)
     lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
     points = []
     for spec in rows_for(texts, lengths, max_tokens, seed, request_texts, micro_batch):

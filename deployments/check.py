@@ -46,7 +46,7 @@ def check_config(path: Path) -> list[str]:
             )
             lines.append(
                 f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, "
-                f"max {m.input.max_tokens} tokens) weights {model.weights_dir}"
+                f"max {m.input.max_tokens} tokens, {model.precision}) weights {model.weights_dir}"
             )
     return lines
 

@@ -16,6 +16,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ONNX_SUBDIR = "onnx"  # where export_onnx puts a version's ONNX Runtime model by default
 
 
+def onnx_subdir(precision: str) -> str:
+    """The export of a version in ``precision``: ``onnx/`` (fp32) or ``onnx-fp16/``."""
+    return ONNX_SUBDIR if precision == "fp32" else f"{ONNX_SUBDIR}-{precision}"
+
+
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -39,10 +44,24 @@ class ModelConfig(_Frozen):
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when the replica has a GPU, CPU otherwise."
     )
+    precision: Literal["fp32", "fp16", "bf16"] = Field(
+        default="fp32",
+        description="fp16/bf16 halve the model's memory and use a GPU's tensor cores; on a CPU they are "
+        "mostly slower. torch: weights cast at load. onnx: fp32 or fp16, served from the export in "
+        "<version>/onnx-fp16/ (python -m deployments.export_onnx --precision fp16).",
+    )
+
+    @model_validator(mode="after")
+    def _onnx_precisions(self) -> ModelConfig:
+        if self.backend == "onnx" and self.precision == "bf16":
+            raise ValueError("precision bf16 needs backend torch (ONNX exports are fp32 or fp16)")
+        return self
 
     def manifest_path(self) -> Path:
         version_dir = resolve_path(self.repository) / self.name / self.version
-        return (version_dir / ONNX_SUBDIR if self.backend == "onnx" else version_dir) / "manifest.json"
+        if self.backend == "onnx":
+            version_dir = version_dir / onnx_subdir(self.precision)
+        return version_dir / "manifest.json"
 
 
 class LimitsConfig(_Frozen):

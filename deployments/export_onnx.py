@@ -1,9 +1,12 @@
 """Export a model directory to an ONNX model directory with its own manifest.
 
     python -m deployments.export_onnx --model models/all-MiniLM-L6-v2/1    # writes .../1/onnx/
+    python -m deployments.export_onnx --model models/all-MiniLM-L6-v2/1 --precision fp16  # .../1/onnx-fp16/
 
 Pooling (over real tokens only), normalization or softmax are part of the exported graph, so the
 ONNX model returns exactly what users receive; the export is verified against torch before it is kept.
+An fp16 export is the fp32 graph converted by ONNX Runtime's own float16 tool, with int64 inputs and a
+float32 output kept (``keep_io_types``), so callers see no difference but the precision.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoModelForSequenceClassification
 
-from deployments.config import ONNX_SUBDIR
+from deployments.config import onnx_subdir
 from deployments.manifest import ONNX_FILE, ResolvedModel, load_manifest, sha256_of, weights_dir_of
 from deployments.model_runner import pool
 from deployments.weights_check import check_weights
@@ -36,7 +39,7 @@ SIDE_FILES = (
     "config_sentence_transformers.json",
     "1_Pooling/config.json",
 )
-PARITY_MIN_COSINE = 0.9999
+PARITY_MIN_COSINE = {"fp32": 0.9999, "fp16": 0.999}  # against torch in fp32
 
 
 class _EmbedHead(torch.nn.Module):
@@ -65,8 +68,12 @@ def _step(n: int, total: int, what: str) -> float:
     return time.perf_counter()
 
 
-def export(model_dir: Path, out_dir: Path, opset: int = 17, version: str | None = None) -> Path:
+def export(
+    model_dir: Path, out_dir: Path, opset: int = 17, version: str | None = None, precision: str = "fp32"
+) -> Path:
     """Export ``model_dir`` (holding manifest.json) to ``out_dir``; return the new manifest path."""
+    if precision not in PARITY_MIN_COSINE:
+        raise SystemExit(f"precision {precision!r}: ONNX exports are {' or '.join(PARITY_MIN_COSINE)}")
     total = 5
     t0 = _step(1, total, f"checking {model_dir / 'manifest.json'}")
     manifest_path = (model_dir / "manifest.json").resolve()
@@ -108,6 +115,8 @@ def export(model_dir: Path, out_dir: Path, opset: int = 17, version: str | None 
             opset_version=opset,
             dynamo=False,
         )
+    if precision == "fp16":
+        to_fp16(out_dir / ONNX_FILE)
     for name in SIDE_FILES:
         if (weights / name).is_file():
             (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
@@ -117,6 +126,7 @@ def export(model_dir: Path, out_dir: Path, opset: int = 17, version: str | None 
     new_manifest = manifest.model_copy(
         update={
             "format": "onnx",
+            "precision": precision,
             "weights": ".",
             "version": version or manifest.version,
             "files": {
@@ -137,6 +147,14 @@ def export(model_dir: Path, out_dir: Path, opset: int = 17, version: str | None 
     return new_path
 
 
+def to_fp16(path: Path) -> None:
+    """Convert the graph at ``path`` to fp16 in place; its inputs and output keep their types."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    onnx.save(convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), str(path))
+
+
 def verify(onnx_model: ResolvedModel, head: torch.nn.Module) -> float:
     """Cosine between ONNX Runtime and torch outputs on padded batches of mixed lengths."""
     from deployments.onnx_runner import OnnxRunner
@@ -151,19 +169,23 @@ def verify(onnx_model: ResolvedModel, head: torch.nn.Module) -> float:
         want = head(torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
     cos = (got * want).sum(1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
     worst = float(cos.min())
-    if worst < PARITY_MIN_COSINE:
-        raise SystemExit(f"ONNX export differs from torch: lowest cosine {worst:.6f} < {PARITY_MIN_COSINE}")
+    need = PARITY_MIN_COSINE[onnx_model.manifest.precision]
+    if worst < need:
+        raise SystemExit(f"ONNX export differs from torch: lowest cosine {worst:.6f} < {need}")
     return worst
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Export a model directory to ONNX with its manifest.")
     parser.add_argument("--model", type=Path, required=True, help="directory holding manifest.json")
-    parser.add_argument("--out", type=Path, default=None, help="new model directory (default: <model>/onnx)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="new model directory (default: <model>/onnx, or onnx-fp16)"
+    )
     parser.add_argument("--opset", type=int, default=17)
     parser.add_argument("--version", default=None, help="version for the new manifest (default: unchanged)")
+    parser.add_argument("--precision", choices=sorted(PARITY_MIN_COSINE), default="fp32")
     ns = parser.parse_args(argv)
-    export(ns.model, ns.out or ns.model / ONNX_SUBDIR, ns.opset, ns.version)
+    export(ns.model, ns.out or ns.model / onnx_subdir(ns.precision), ns.opset, ns.version, ns.precision)
     return 0
 
 

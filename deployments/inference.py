@@ -111,10 +111,11 @@ class InferenceDeployment:
             "isolated_failures": 0,
         }
         log.info(
-            "model %s v%s ready: %s on %s",
+            "model %s v%s ready: %s %s on %s",
             manifest.name,
             manifest.version,
             self._runner.backend,
+            model.precision,
             self._runner.device_name,
         )
 

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 PACKAGE_SCHEME = "package://"
 ONNX_FILE = "model.onnx"
+Precision = Literal["fp32", "fp16", "bf16"]
 
 
 class ManifestError(Exception):
@@ -59,6 +60,11 @@ class Manifest(_Strict):
     format: Literal["transformers", "onnx"] = Field(
         default="transformers", description="transformers: torch backend; onnx: ONNX Runtime (model.onnx)."
     )
+    precision: Precision = Field(
+        default="fp32",
+        description="Compute precision of an ONNX graph (its inputs and output stay int64 / float32). "
+        "Torch weights are cast at load time to the configured precision instead.",
+    )
     input: InputSignature
     output: OutputSignature
     pooling: Literal["mean", "cls"] | None = None
@@ -86,6 +92,7 @@ class ResolvedModel:
     manifest: Manifest
     manifest_path: Path
     weights_dir: Path
+    precision: Precision = "fp32"  # the configured one: the torch backend loads its weights in it
 
     @property
     def onnx_file(self) -> Path:

@@ -21,6 +21,13 @@ def check_against_config(manifest: Manifest, config: ModelConfig, path: Path) ->
             f"config asks for backend {config.backend!r} but the model's format is {manifest.format!r}",
             path,
         )
+    # Torch casts its weights at load time; an ONNX graph is what it was exported as.
+    if manifest.format == "onnx" and manifest.precision != config.precision:
+        raise ManifestError(
+            "precision",
+            f"config asks for {config.precision!r} but the ONNX model is {manifest.precision!r}",
+            path,
+        )
 
 
 def resolve_model(config: ModelConfig, *, hash_files: bool = True) -> ResolvedModel:
@@ -30,7 +37,9 @@ def resolve_model(config: ModelConfig, *, hash_files: bool = True) -> ResolvedMo
     check_against_config(manifest, config, path)
     weights = weights_dir_of(manifest, path)
     check_weights(manifest, weights, path, hash_files)
-    return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights)
+    return ResolvedModel(
+        manifest=manifest, manifest_path=path, weights_dir=weights, precision=config.precision
+    )
 
 
 def recheck_on_replica(model: ResolvedModel, hash_files: bool) -> None:

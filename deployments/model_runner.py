@@ -16,6 +16,9 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 def pool(hidden: torch.Tensor, attention: torch.Tensor, pooling: str | None, normalize: bool) -> torch.Tensor:
     """Sentence embedding from token states; padded positions carry junk, so only real tokens count."""
     if pooling == "cls":
@@ -42,7 +45,9 @@ class ModelRunner(BatchRunner):
         self.device = device
         self._cache_release_fraction = cache_release_fraction
         cls = AutoModel if self.task == "embed" else AutoModelForSequenceClassification
-        self.model = cls.from_pretrained(str(model.weights_dir)).to(device).eval()
+        self.model = (
+            cls.from_pretrained(str(model.weights_dir), dtype=DTYPES[model.precision]).to(device).eval()
+        )
         self._check_loaded()
 
     @property

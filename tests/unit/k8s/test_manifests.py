@@ -232,6 +232,8 @@ def test_dockerfile_base_image_carries_the_installed_ray() -> None:
     assert f'"ray[serve]=={ray_version}"' in (ROOT / "pyproject.toml").read_text()
     assert SpecifierSet(_pyproject("requires-python")).contains(f"3.{python_minor}")
     assert "deployments.export_onnx" in dockerfile and "HF_HUB_OFFLINE=1" in dockerfile
+    # Both exports are baked, so switching the cluster to fp16 is a config change (model.precision).
+    assert "--precision fp16" in dockerfile
 
 
 def test_rayservice_runs_the_image_the_dockerfile_builds(rayservice: dict[str, Any]) -> None:
