@@ -3,7 +3,8 @@
 A session lent a GPU machine has minutes of it, a bare Python with torch there and nothing to download, so
 this is one short script with everything it needs carried along (docs/benchmarks.md "On a GPU"):
 
-    python -m bench.gpu_check --pack .bench/gpu-pack --wheels   # here: the model (weights in fp16, < 64 MiB) + wheels
+    # here: the model (weights stored in fp16, under 64 MiB) and the wheels the device lacks
+    python -m bench.gpu_check --pack .bench/gpu-pack --wheels
     # there (device `run`, carry [".bench/gpu-pack"]):
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .bench/gpu-pack/wheels/*.whl \
       && PYTHONPATH=/tmp/site:. python3 -m bench.gpu_check --model-dir .bench/gpu-pack/model --out "$OUT"
