@@ -22,6 +22,7 @@ import json
 import platform
 import shutil
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -84,7 +85,13 @@ def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
 
 def run_check(model_dir: Path, out: Path, device: str, warmup_s: float, duration_s: float) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
-    work = out.parent / (out.name + "-work")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:  # the ONNX exports made on the way
+        return _run_variants(model_dir, out, Path(tmp), device, warmup_s, duration_s)
+
+
+def _run_variants(
+    model_dir: Path, out: Path, work: Path, device: str, warmup_s: float, duration_s: float
+) -> dict[str, Any]:
     texts = list(build_corpus().texts)
     result: dict[str, Any] = {"machine": _device_info(device), "variants": [], "points": []}
     reference = _vectors(model_dir, "fp32", device, texts[:PARITY_TEXTS])
@@ -112,7 +119,6 @@ def run_check(model_dir: Path, out: Path, device: str, warmup_s: float, duration
         result["variants"].append(entry)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / "gpu_check.md").write_text(render(result))
-    shutil.rmtree(work, ignore_errors=True)
     return result
 
 
