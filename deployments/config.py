@@ -46,9 +46,9 @@ class ModelConfig(_Frozen):
     )
     precision: Literal["fp32", "fp16", "bf16"] = Field(
         default="fp32",
-        description="fp16/bf16 halve the model's memory and use a GPU's tensor cores; on a CPU they are "
-        "mostly slower. torch: weights cast at load. onnx: fp32 or fp16, served from the export in "
-        "<version>/onnx-fp16/ (python -m deployments.export_onnx --precision fp16).",
+        description="fp16/bf16 halve the model's memory and use a GPU's tensor cores (on a CPU fp16 is "
+        "slow; bf16 needs bf16 instructions). torch: weights cast at load. onnx: fp32 or fp16, served "
+        "from the export in <version>/onnx-fp16/ (python -m deployments.export_onnx --precision fp16).",
     )
 
     @model_validator(mode="after")
