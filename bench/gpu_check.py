@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from bench.corpus import build_corpus
-from bench.inprocess import load_model_dir, measure_model
+from bench.inprocess import load_model_dir, make_runner, measure_runner
 from bench.report import points_table
 from bench.results import Point
+from bench.systems import min_cosine
 
 # What the GPU machine's Python lacks of what this script imports (it has torch, transformers, tokenizers,
 # onnx, onnxruntime and numpy): pydantic and its dependencies, for the project's config and manifests.
@@ -70,17 +71,16 @@ def _model_dir_for(backend: str, precision: str, model_dir: Path, work: Path) ->
     return out
 
 
-def _vectors(model_dir: Path, precision: str, device: str, texts: list[str]) -> np.ndarray:
-    from deployments.backends import create_runner
+def _load(model_dir: Path, precision: str, device: str) -> tuple[Any, Any]:
+    """A runner for ``model_dir`` in ``precision`` on ``device``, and the model's tokenizer."""
     from preprocess.tokenize import TextTokenizer
 
     model = load_model_dir(model_dir, precision)
-    tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
-    return create_runner(model, device).run(list(tok.encode(texts, truncate=True).sequences())).values
+    return make_runner(model, device), TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
 
 
-def _cos_min(a: np.ndarray, b: np.ndarray) -> float:
-    return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
+def _vectors(runner: Any, tok: Any, texts: list[str]) -> np.ndarray:
+    return runner.run(list(tok.encode(texts, truncate=True).sequences())).values
 
 
 def run_check(model_dir: Path, out: Path, device: str, warmup_s: float, duration_s: float) -> dict[str, Any]:
@@ -94,7 +94,7 @@ def _run_variants(
 ) -> dict[str, Any]:
     texts = list(build_corpus().texts)
     result: dict[str, Any] = {"machine": _device_info(device), "variants": [], "points": []}
-    reference = _vectors(model_dir, "fp32", device, texts[:PARITY_TEXTS])
+    reference = _vectors(*_load(model_dir, "fp32", device), texts[:PARITY_TEXTS])
     for backend, precision in VARIANTS:
         entry: dict[str, Any] = {"backend": backend, "precision": precision}
         try:
@@ -103,13 +103,12 @@ def _run_variants(
 
                 if "CUDAExecutionProvider" not in ort.get_available_providers():
                     raise RuntimeError(f"onnxruntime {ort.__version__} here has no CUDA execution provider")
-            vdir = _model_dir_for(backend, precision, model_dir, work)
-            entry["cosine_min_vs_torch_fp32"] = _cos_min(
-                _vectors(vdir, precision, device, texts[:PARITY_TEXTS]), reference
+            runner, tok = _load(_model_dir_for(backend, precision, model_dir, work), precision, device)
+            entry["cosine_min_vs_torch_fp32"] = min_cosine(
+                _vectors(runner, tok, texts[:PARITY_TEXTS]), reference
             )
-            label = f"{backend}-{precision}-{device}"
-            points = measure_model(
-                label, vdir, texts, warmup_s, duration_s, seed=0, device=device, precision=precision
+            points = measure_runner(
+                f"{backend}-{precision}-{device}", runner, tok, texts, warmup_s, duration_s, 0
             )
             result["points"] += [asdict(p) for p in points]
             entry["ran"] = True

@@ -34,7 +34,7 @@ from typing import Any
 
 from bench.corpus import batches
 from bench.machine import OtherLoadProbe, wait_for_quiet
-from bench.results import Point, retry_disturbed, summarize
+from bench.results import REQUESTS_SUFFIX, Point, retry_disturbed, summarize
 
 MAX_CALLS = 1_000_000
 
@@ -92,7 +92,7 @@ def rows_for(
     return [
         Row("b1", [[texts[i] for i in g] for g in sorted_groups(lengths, 1, seed)], 1, max_tokens),
         Row("b32-sorted", sorted32, 32, 32 * max_tokens),
-        Row(f"b{request_texts}-requests", batches(texts, request_texts), *micro_batch),
+        Row(f"b{request_texts}{REQUESTS_SUFFIX}", batches(texts, request_texts), *micro_batch),
     ]
 
 
@@ -134,9 +134,40 @@ def measure_model(
     from preprocess.tokenize import TextTokenizer
 
     model = load_model_dir(model_dir, precision)
-    max_tokens = model.manifest.input.max_tokens
-    tok = TextTokenizer(model.tokenizer_file, max_tokens)
+    tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
     runner = make_runner(model, device)
+    return measure_runner(
+        label,
+        runner,
+        tok,
+        texts,
+        warmup_s,
+        duration_s,
+        seed,
+        max_other_load,
+        retries,
+        quiet_wait_s,
+        request_texts,
+        micro_batch,
+    )
+
+
+def measure_runner(
+    label: str,
+    runner: Any,
+    tok: Any,
+    texts: list[str],
+    warmup_s: float,
+    duration_s: float,
+    seed: int,
+    max_other_load: float = 1.0,
+    retries: int = 0,
+    quiet_wait_s: float = 0.0,
+    request_texts: int = 32,
+    micro_batch: tuple[int, int] = (32, 512),
+) -> list[Point]:
+    """The rows of ``rows_for`` through a loaded runner and its tokenizer (a ``TextTokenizer``)."""
+    max_tokens = tok.max_tokens
     lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
     points = []
     for spec in rows_for(texts, lengths, max_tokens, seed, request_texts, micro_batch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.results import Point
+from bench.results import Point, is_same_requests_row
 
 
 def _series(points: Sequence[Point], workload: str) -> dict[str, list[Point]]:
@@ -54,7 +54,7 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
     for i, p in enumerate(q for q in points if q.system.startswith("inprocess-")):
-        same_requests = p.workload.endswith("-requests")  # W2's requests through the model alone
+        same_requests = is_same_requests_row(p.workload)  # W2's requests through the model alone
         style = ":" if p.workload == "b1" else ("--" if same_requests else "-.")
         axes[1].axvline(
             p.seq_per_s,

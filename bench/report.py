@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bench.results import Point, Ratio, RunReport, SystemInfo
+from bench.results import Point, Ratio, RunReport, SystemInfo, is_same_requests_row
 
 INFINITY_ONNX = "infinity-onnx"
 INPROCESS_ONNX = "inprocess-onnx"
@@ -100,7 +100,7 @@ def compute_ratios(
     onnx_rows = [p for p in report.points if p.system == INPROCESS_ONNX]
     limit = (INPROCESS_ONNX, max(onnx_rows, key=lambda p: p.seq_per_s, default=None))
     # The model alone on W2's own requests, one at a time: how much of the gap to the limit is serving.
-    same_requests = (INPROCESS_ONNX, next((p for p in onnx_rows if p.workload.endswith("-requests")), None))
+    same_requests = (INPROCESS_ONNX, next((p for p in onnx_rows if is_same_requests_row(p.workload)), None))
     ratios: list[Ratio] = []
     for name in service_names:
         w2 = (name, report.point(name, "W2"))

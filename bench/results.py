@@ -98,6 +98,14 @@ class SystemInfo:
     check_min_cosine: float | None = None  # lowest cosine of its embeddings vs the reference
 
 
+# In-process rows named b<N>-requests run W2's own requests through the model alone (bench.inprocess).
+REQUESTS_SUFFIX = "-requests"
+
+
+def is_same_requests_row(workload: str) -> bool:
+    return workload.endswith(REQUESTS_SUFFIX)
+
+
 @dataclass
 class Ratio:
     name: str
