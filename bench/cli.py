@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench import infinity
 from bench.service import DIRECT_INGRESS_ENV, ROOT, ServiceVariant, parse_env_pair, parse_service
 
 WORK_DIR = ROOT / ".bench"
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
-SYSTEM_CHOICES = ("naive-fastapi", "infinity-torch", "infinity-onnx")
+SYSTEM_CHOICES = ("naive-fastapi", *(c.label for c in infinity.CONFIGS))
 # The same config with Ray Serve's direct ingress behind HAProxy (experimental Serve features, opt-in:
 # README "Faster HTTP path"); `run` measures it beside the default so both stand in one table.
 DIRECT_SPEC = "service-direct=serve_config.yaml," + ",".join(
@@ -102,7 +103,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--with-infinity",
         action="store_true",
-        help="measure Infinity (torch and ONNX engines); creates .bench/infinity-venv once",
+        help="measure Infinity (torch fp32/bf16 and ONNX engines); creates .bench/infinity-venv once",
     )
     g.add_argument("--infinity-venv", type=Path, default=WORK_DIR / "infinity-venv")
     g.add_argument("--num-cpus", type=int, default=None, help="CPUs the private Ray instance advertises")

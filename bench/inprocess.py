@@ -54,7 +54,9 @@ def load_model_dir(model_dir: Path, precision: str = "fp32") -> Any:
     return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights, precision=precision)
 
 
-def make_runner(model: Any, device: str = "cpu") -> Any:
+def make_runner(
+    model: Any, device: str = "cpu", threads: int | None = None, parallel: int = 1, graph: str = "eager"
+) -> Any:
     try:
         from deployments.backends import create_runner
     except ImportError:  # before the backends module existed: torch only
@@ -66,7 +68,9 @@ def make_runner(model: Any, device: str = "cpu") -> Any:
         if getattr(model.manifest, "format", "transformers") != "transformers":
             raise RuntimeError("this checkout has no deployments.backends for non-torch models") from None
         return ModelRunner(model, torch.device("cpu"), pad_token_id(model.tokenizer_file))
-    return create_runner(model, device=device)
+    if (threads, parallel, graph) == (None, 1, "eager"):  # checkouts before these settings
+        return create_runner(model, device=device)
+    return create_runner(model, device=device, threads=threads, parallel_passes=parallel, graph=graph)
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,15 @@ def measure_model(
     micro_batch: tuple[int, int] = (32, 512),
     device: str = "cpu",
     precision: str = "fp32",
+    graph: str = "eager",
+    threads: int | None = None,
+    parallel: int = 1,
 ) -> list[Point]:
     from preprocess.tokenize import TextTokenizer
 
     model = load_model_dir(model_dir, precision)
     tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
-    runner = make_runner(model, device)
+    runner = make_runner(model, device, threads, parallel, graph)
     return measure_runner(
         label,
         runner,
@@ -263,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
                 req.get("quiet_wait_s", 0.0),
                 req.get("request_texts", 32),
                 tuple(req.get("micro_batch", (32, 512))),
+                precision=spec.get("precision", "fp32"),
+                graph=spec.get("graph", "eager"),
+                threads=spec.get("threads"),
+                parallel=spec.get("parallel", 1),
             )
             result["points"] += [asdict(p) for p in points]
             for p in points:

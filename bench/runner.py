@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,18 +84,71 @@ def ensure_onnx_export(model_dir: Path, log: Path) -> Path:
     return out
 
 
-def inprocess_specs(opts: Options, rep: RunReport, log_dir: Path) -> list[tuple[str, Path]]:
+@dataclass(frozen=True)
+class InprocessSpec:
+    """One in-process system: a model directory and how its runner runs (the torch settings)."""
+
+    label: str
+    model_dir: Path
+    precision: str = "fp32"
+    graph: str = "eager"
+    threads: int | None = None
+    parallel: int = 1
+
+
+def inprocess_specs(opts: Options, rep: RunReport, log_dir: Path) -> list[InprocessSpec]:
     if not opts.inprocess_enabled:
         return []
-    specs = list(opts.inprocess) or [("torch", opts.model_dir)]
+    specs = [InprocessSpec(label, path) for label, path in opts.inprocess or [("torch", opts.model_dir)]]
     if opts.onnx and not opts.inprocess:
         try:
-            specs.append(("onnx", ensure_onnx_export(opts.model_dir, log_dir / "onnx-export.log")))
+            specs.append(
+                InprocessSpec("onnx", ensure_onnx_export(opts.model_dir, log_dir / "onnx-export.log"))
+            )
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             rep.systems.append(
                 SystemInfo("inprocess-onnx", "inprocess", "ONNX Runtime in process", reason=str(exc))
             )
+    served = served_torch_spec(opts)
+    if served is not None and not opts.inprocess:
+        specs.append(served)
     return specs
+
+
+def _service_args(opts: Options) -> dict[str, Any]:
+    """The ``args`` of the (first) service config measured; empty when there is none or it is unreadable."""
+    if not opts.services:
+        return {}
+    try:
+        apps = load_config(opts.services[0].config).get("applications") or [{}]
+        return dict(apps[0].get("args") or {})
+    except (OSError, ValueError, AttributeError, yaml.YAMLError) as exc:  # the service run reports it
+        print(f"service config unreadable here ({exc})", file=sys.stderr, flush=True)
+        return {}
+
+
+def served_torch_spec(opts: Options) -> InprocessSpec | None:
+    """The torch model exactly as the measured service runs it (precision, graph, threads, passes), when
+    that differs from the plain torch row: the limit of the served backend, beside ONNX Runtime's."""
+    from deployments.config import ModelConfig, RuntimeConfig
+
+    args = _service_args(opts)
+    try:
+        model = ModelConfig.model_validate(args.get("model") or {})
+        runtime = RuntimeConfig.model_validate(args.get("runtime") or {})
+    except ValueError:
+        return None
+    spec = InprocessSpec(
+        f"torch-{model.precision}-{runtime.torch_graph}",
+        opts.model_dir,
+        model.precision,
+        runtime.torch_graph,
+        runtime.intra_op_threads,
+        runtime.parallel_passes,
+    )
+    if model.backend != "torch" or spec == InprocessSpec(spec.label, opts.model_dir):
+        return None
+    return spec
 
 
 def service_micro_batch(opts: Options) -> tuple[int, int]:
@@ -120,7 +173,7 @@ def run_inprocess(
     """Measure the in-process rows in a child process; returns the reference embeddings."""
     specs = inprocess_specs(opts, rep, log_dir)
     request = {
-        "specs": [{"label": label, "model_dir": str(path)} for label, path in specs],
+        "specs": [{**asdict(spec), "model_dir": str(spec.model_dir)} for spec in specs],
         "texts": list(corpus.texts),
         "check_texts": check_texts,
         "warmup_s": opts.inprocess_warmup_s,
@@ -150,13 +203,14 @@ def run_inprocess(
     except (subprocess.SubprocessError, OSError, ValueError) as exc:
         why = f"in-process child failed ({type(exc).__name__}); log: {log_path}"
         print(why, file=sys.stderr, flush=True)
-        result = {"points": [], "skipped": {label: why for label, _ in specs}, "reference": []}
-    for label, path in specs:
-        reason = result["skipped"].get(label, "")
+        result = {"points": [], "skipped": {spec.label: why for spec in specs}, "reference": []}
+    for spec in specs:
+        reason = result["skipped"].get(spec.label, "")
+        how = "" if spec == InprocessSpec(spec.label, spec.model_dir) else f" ({_runner_settings(spec)})"
         info = SystemInfo(
-            f"inprocess-{label}",
+            f"inprocess-{spec.label}",
             "inprocess",
-            f"tokenize + forward + pool in process: {_shown(path)}",
+            f"tokenize + forward + pool in process: {_shown(spec.model_dir)}{how}",
             ran=not reason,
             reason=reason,
         )
@@ -176,15 +230,10 @@ def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.
     if opts.naive:
         server = systems.naive_server(log_dir)
         yield SystemInfo(server.name, "naive", server.description), server
-    labels = {"torch": "infinity-torch", "optimum": "infinity-onnx"}
     if not opts.with_infinity:
-        for engine, label in labels.items():
-            yield (
-                SystemInfo(
-                    label, "infinity", f"Infinity --engine {engine}", reason="not requested (--with-infinity)"
-                ),
-                None,
-            )
+        for config in infinity.CONFIGS:
+            why = "not requested (--with-infinity)"
+            yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
         return
     try:
         print(f"preparing Infinity in {opts.infinity_venv} (first time: several minutes)", flush=True)
@@ -194,16 +243,12 @@ def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.
         )
     except (infinity.InfinityUnavailable, OSError, subprocess.SubprocessError) as exc:
         print(f"Infinity unavailable: {exc}", file=sys.stderr, flush=True)
-        for engine, label in labels.items():
-            yield (
-                SystemInfo(
-                    label, "infinity", f"Infinity --engine {engine}", reason=f"Infinity unavailable: {exc}"
-                ),
-                None,
-            )
+        for config in infinity.CONFIGS:
+            why = f"Infinity unavailable: {exc}"
+            yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
         return
-    for engine in infinity.ENGINES:
-        server = systems.infinity_server(env, engine, model, log_dir)
+    for config in infinity.CONFIGS:
+        server = systems.infinity_server(env, config, model, log_dir)
         yield SystemInfo(server.name, "infinity", server.description), server
 
 
@@ -288,6 +333,11 @@ def _config_or_error(path: Path) -> Any:
         return load_config(path)
     except (OSError, ValueError) as exc:
         return f"unreadable: {exc}"
+
+
+def _runner_settings(spec: InprocessSpec) -> str:
+    threads = "default" if spec.threads is None else spec.threads
+    return f"{spec.precision}, {spec.graph}, {spec.parallel} pass(es) x {threads} thread(s), as the service"
 
 
 def _shown(path: Path) -> str:

@@ -118,21 +118,21 @@ def naive_server(log_dir: Path, model_dir: Path | None = None) -> ProcessServer:
     )
 
 
-def infinity_server(env: infinity.InfinityEnv, engine: str, model_dir: Path, log_dir: Path) -> ProcessServer:
-    label = {"torch": "infinity-torch", "optimum": "infinity-onnx"}[engine]
-
+def infinity_server(
+    env: infinity.InfinityEnv, config: infinity.InfinityConfig, model_dir: Path, log_dir: Path
+) -> ProcessServer:
     def launch(port: int) -> tuple[list[str], Path, dict[str, str]]:
-        cmd, cwd = infinity.command(env, engine, model_dir, port, MODEL_NAME)
+        cmd, cwd = infinity.command(env, config.engine, model_dir, port, MODEL_NAME, config.dtype)
         return cmd, cwd, infinity.server_env(dict(os.environ))
 
     return ProcessServer(
-        name=label,
+        name=config.label,
         kind="infinity",
-        description=f"Infinity {infinity.INFINITY_VERSION} --engine {engine} --device cpu --batch-size 32",
+        description=f"Infinity {infinity.INFINITY_VERSION} {config.flags} --device cpu --batch-size 32",
         embeddings_path="/embeddings",
         health_path="/health",
         launch=launch,
-        log=log_dir / f"{label}.log",
+        log=log_dir / f"{config.label}.log",
     )
 
 

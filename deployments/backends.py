@@ -14,14 +14,20 @@ def create_runner(
     threads: int | None = None,
     cache_release_fraction: float = 0.9,
     parallel_passes: int = 1,
+    graph: str = "eager",
 ) -> BatchRunner:
-    runner = _create(model, device, pad_id, threads, cache_release_fraction)
+    runner = _create(model, device, pad_id, threads, cache_release_fraction, graph)
     runner.set_parallel(parallel_passes)
     return runner
 
 
 def _create(
-    model: ResolvedModel, device: str, pad_id: int | None, threads: int | None, cache_release_fraction: float
+    model: ResolvedModel,
+    device: str,
+    pad_id: int | None,
+    threads: int | None,
+    cache_release_fraction: float,
+    graph: str,
 ) -> BatchRunner:
     pad = pad_token_id(model.tokenizer_file) if pad_id is None else pad_id
     if model.manifest.format == "onnx":
@@ -34,4 +40,4 @@ def _create(
 
     if threads:
         torch.set_num_threads(threads)
-    return ModelRunner(model, pick_device(device), pad, cache_release_fraction)
+    return ModelRunner(model, pick_device(device), pad, cache_release_fraction, graph)

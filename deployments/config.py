@@ -100,6 +100,12 @@ class RuntimeConfig(_Frozen):
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
         "into at least this many length-sorted passes). CPU: with intra_op_threads 1, one per core.",
     )
+    torch_graph: Literal["eager", "trace"] = Field(
+        default="eager",
+        description="torch backend: trace runs the model as one TorchScript graph (no Python between "
+        "operators, checked against eager at start; the replica refuses to start on a mismatch); eager: "
+        "the Hugging Face module as is. Ignored by the onnx backend.",
+    )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 

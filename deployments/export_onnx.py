@@ -24,7 +24,7 @@ from transformers import AutoModel, AutoModelForSequenceClassification
 
 from deployments.config import onnx_subdir
 from deployments.manifest import ONNX_FILE, ResolvedModel, load_manifest, sha256_of, weights_dir_of
-from deployments.model_runner import pool
+from deployments.torch_graph import pool
 from deployments.weights_check import check_weights
 
 # Files a model directory may carry besides the weights: tokenizer, configs, sentence-transformers layout.

@@ -89,6 +89,7 @@ class InferenceDeployment:
             threads=runtime.intra_op_threads,
             cache_release_fraction=runtime.cuda_cache_release_fraction,
             parallel_passes=runtime.parallel_passes,
+            graph=runtime.torch_graph,
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
@@ -111,11 +112,12 @@ class InferenceDeployment:
             "isolated_failures": 0,
         }
         log.info(
-            "model %s v%s ready: %s %s on %s",
+            "model %s v%s ready: %s %s %s on %s",
             manifest.name,
             manifest.version,
             self._runner.backend,
             model.precision,
+            self._runner.graph,
             self._runner.device_name,
         )
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from transformers import AutoModel, AutoModelForSequenceClassification
 
 from deployments.manifest import ManifestError, ResolvedModel
 from deployments.runner_base import BatchRunner
+from deployments.torch_graph import eager_head, traced_head
 
 
 def pick_device(requested: str) -> torch.device:
@@ -18,17 +21,13 @@ def pick_device(requested: str) -> torch.device:
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
+log = logging.getLogger(__name__)
 
-def pool(hidden: torch.Tensor, attention: torch.Tensor, pooling: str | None, normalize: bool) -> torch.Tensor:
-    """Sentence embedding from token states; padded positions carry junk, so only real tokens count."""
-    if pooling == "cls":
-        pooled = hidden[:, 0]
-    else:
-        weights = attention.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
-    if normalize:
-        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-    return pooled
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated, slowly."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 
 class ModelRunner(BatchRunner):
@@ -40,6 +39,7 @@ class ModelRunner(BatchRunner):
         device: torch.device,
         pad_id: int,
         cache_release_fraction: float = 0.9,
+        graph: str = "eager",
     ) -> None:
         super().__init__(model, pad_id)
         self.device = device
@@ -49,6 +49,14 @@ class ModelRunner(BatchRunner):
             cls.from_pretrained(str(model.weights_dir), dtype=DTYPES[model.precision]).to(device).eval()
         )
         self._check_loaded()
+        if device.type == "cpu" and model.precision == "bf16" and not cpu_has_bf16():
+            log.warning("precision bf16 on a CPU without bf16 instructions runs slowly: set precision fp32")
+        m = model.manifest
+        if graph == "trace":
+            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device)
+        else:
+            self._head = eager_head(self.model, self.task, m.pooling, m.normalize)
+        self.graph = graph
 
     @property
     def device_name(self) -> str:
@@ -66,13 +74,7 @@ class ModelRunner(BatchRunner):
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         input_ids = torch.from_numpy(ids).to(self.device, non_blocking=True)
         attention = torch.from_numpy(mask).to(self.device, non_blocking=True)
-        result = self.model(input_ids=input_ids, attention_mask=attention)
-        if self.task == "classify":
-            values = torch.softmax(result.logits.float(), dim=-1)
-        else:
-            m = self.model_info.manifest
-            values = pool(result.last_hidden_state.float(), attention, m.pooling, m.normalize)
-        return values.cpu().numpy()
+        return self._head(input_ids, attention).cpu().numpy()
 
     def _release_memory(self) -> None:
         if self.device.type == "cuda":

@@ -43,6 +43,7 @@ class BatchRunner(ABC):
     """Maps unpadded token-id sequences to output rows; subclasses supply the padded forward pass."""
 
     backend: str = "base"
+    graph: str = "graph"  # how the forward pass runs: the torch backend says eager or trace
 
     def __init__(self, model: ResolvedModel, pad_id: int) -> None:
         self.model_info = model

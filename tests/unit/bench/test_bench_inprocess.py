@@ -9,7 +9,7 @@ import pytest
 from bench.cli import parse
 from bench.corpus import build_corpus
 from bench.inprocess import measure_model, rows_for
-from bench.runner import service_micro_batch, workload_plan
+from bench.runner import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch, workload_plan
 from deployments.manifest import ResolvedModel
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]
@@ -57,6 +57,30 @@ def test_micro_batch_limits_come_from_the_measured_service_config(tmp_path: Path
     (tmp_path / "c.yaml").write_text(edited)
     assert service_micro_batch(parse(["run", "--service", f"x={tmp_path / 'c.yaml'}"])) == (8, 256)
     assert service_micro_batch(parse(["run", "--no-service"])) == (32, 512)  # the config defaults
+
+
+def test_served_torch_settings_get_their_own_in_process_row(tmp_path: Path) -> None:
+    shipped = parse(["run", "--no-naive"])  # serve_config.yaml: torch bf16, traced, 2 passes x 1 thread
+    spec = served_torch_spec(shipped)
+    assert spec == InprocessSpec("torch-bf16-trace", shipped.model_dir, "bf16", "trace", 1, 2)
+    text = Path("serve_config.yaml").read_text()
+    onnx = text.replace("backend: torch ", "backend: onnx ").replace("precision: bf16 ", "precision: fp32 ")
+    assert onnx != text
+    (tmp_path / "onnx.yaml").write_text(onnx)
+    assert served_torch_spec(parse(["run", "--service", f"x={tmp_path / 'onnx.yaml'}"])) is None
+    plain = (
+        text.replace("precision: bf16 ", "precision: fp32 ")
+        .replace("torch_graph: trace ", "torch_graph: eager ")
+        .replace("parallel_passes: 2", "parallel_passes: 1")
+        .replace("intra_op_threads: 1 ", "intra_op_threads: null ")
+    )
+    (tmp_path / "plain.yaml").write_text(plain)
+    assert (
+        served_torch_spec(parse(["run", "--service", f"x={tmp_path / 'plain.yaml'}"])) is None
+    )  # = torch row
+    assert served_torch_spec(parse(["run", "--no-service"])) is None
+    labels = [s.label for s in inprocess_specs(parse(["run", "--no-naive", "--no-onnx"]), None, tmp_path)]
+    assert labels == ["torch", "torch-bf16-trace"]
 
 
 def test_three_rows_measured_on_the_real_model(onnx_model: ResolvedModel) -> None:

@@ -72,7 +72,7 @@ def test_app_args_validate(app):
     assert args.model.device == "auto"
     assert args.limits.max_inputs_per_request == 256
     assert args.limits.max_body_bytes == 2 * 1024 * 1024
-    assert args.model.backend == "onnx"
+    assert (args.model.backend, args.model.precision, args.runtime.torch_graph) == ("torch", "bf16", "trace")
     assert args.runtime.verify_checksums is True
     # Every key written in the yaml is one the typed config keeps (nothing silently ignored).
     assert args.model_dump(include=set(app["args"])) == {

@@ -1,0 +1,113 @@
+"""The torch backend's forward pass as one TorchScript graph (``runtime.torch_graph: trace``). No Ray.
+
+Eager Hugging Face modules run Python between every operator: on a CPU that is a fifth of a small
+pass's time, and each operator re-takes the GIL, so two passes on two threads (``parallel_passes``)
+queue for it. A traced, frozen graph runs all operators in C++ with the GIL released. Tracing records
+one example's path, so the graph is checked against the eager model on other shapes (padded rows,
+one token, a single row) before it is used: the service refuses to start on a mismatch rather than
+serve different vectors (docs/benchmarks.md "A traced graph").
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+GraphFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# (rows, longest, shortest) of the check batches: padded and unpadded, one row, one token.
+CHECK_SHAPES = ((1, 1, 1), (1, 9, 9), (3, 17, 4), (8, 40, 12), (2, 64, 64))
+MIN_COSINE = 0.9999  # embeddings (the backend parity bar)
+MAX_PROB_DIFF = 1e-3  # class probabilities
+
+
+class TraceMismatchError(RuntimeError):
+    """The traced graph does not reproduce the eager model; the error names the shape and the gap."""
+
+
+def pool(hidden: torch.Tensor, attention: torch.Tensor, pooling: str | None, normalize: bool) -> torch.Tensor:
+    """Sentence embedding from token states; padded positions carry junk, so only real tokens count."""
+    if pooling == "cls":
+        pooled = hidden[:, 0]
+    else:
+        weights = attention.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+    if normalize:
+        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+    return pooled
+
+
+class _Head(torch.nn.Module):
+    """Model plus what the service returns: pooled (and normalized) float32 vectors, or probabilities."""
+
+    def __init__(self, model: torch.nn.Module, task: str, pooling: str | None, normalize: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.task = task
+        self.pooling = pooling
+        self.normalize = normalize
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        result = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        if self.task == "classify":
+            return torch.softmax(result.logits.float(), dim=-1)
+        return pool(result.last_hidden_state.float(), attention_mask, self.pooling, self.normalize)
+
+
+def check_batch(
+    rows: int, longest: int, shortest: int, vocab: int, device: torch.device
+) -> list[torch.Tensor]:
+    """Deterministic token ids (1..vocab-1) with lengths spread from ``shortest`` to ``longest``."""
+    gen = np.random.default_rng(rows * 1000 + longest)
+    lengths = np.linspace(longest, shortest, rows).round().astype(int)
+    ids = np.zeros((rows, longest), dtype=np.int64)
+    mask = np.zeros((rows, longest), dtype=np.int64)
+    for r, n in enumerate(lengths):
+        ids[r, :n] = gen.integers(1, vocab, n)
+        mask[r, :n] = 1
+    return [torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)]
+
+
+def eager_head(model: torch.nn.Module, task: str, pooling: str | None, normalize: bool) -> GraphFn:
+    return _Head(model, task, pooling, normalize).eval()
+
+
+@torch.inference_mode()
+def traced_head(
+    model: torch.nn.Module, task: str, pooling: str | None, normalize: bool, device: torch.device
+) -> GraphFn:
+    """The traced, frozen head, verified against the eager one on ``CHECK_SHAPES``."""
+    eager = _Head(model, task, pooling, normalize).eval()
+    vocab = int(getattr(model.config, "vocab_size", 1000))
+    example = check_batch(2, 8, 5, vocab, device)  # padded, so the mask path is what gets recorded
+    with warnings.catch_warnings():
+        # Shape-dependent Python branches become constants; the check below is what vouches for them.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.freeze(torch.jit.trace(eager, tuple(example), check_trace=False).eval())
+    for shape in CHECK_SHAPES:
+        ids, mask = check_batch(*shape, vocab, device)
+        want, got = eager(ids, mask), traced(ids, mask)
+        _compare(task, shape, want, got)
+    return traced
+
+
+def _compare(task: str, shape: tuple[int, int, int], want: torch.Tensor, got: torch.Tensor) -> None:
+    if want.shape != got.shape:
+        raise TraceMismatchError(
+            f"traced graph gives shape {tuple(got.shape)} for {shape}, eager {tuple(want.shape)}"
+        )
+    if task == "classify":
+        gap = float((want - got).abs().max())
+        if gap > MAX_PROB_DIFF:
+            raise TraceMismatchError(
+                f"traced probabilities differ by {gap:.2e} at {shape} (max {MAX_PROB_DIFF})"
+            )
+        return
+    cosine = float(torch.nn.functional.cosine_similarity(want, got, dim=1).min())
+    if not cosine >= MIN_COSINE:
+        raise TraceMismatchError(
+            f"traced vectors at cosine {cosine:.6f} to eager at {shape} (min {MIN_COSINE})"
+        )
