@@ -105,17 +105,24 @@ def _best(report: RunReport, kind: str, workload: str, metric: str, conc: int | 
 
 
 def compute_ratios(
-    report: RunReport, service_names: Sequence[str], w1_conc: int = 8, max_other_load: float = 0.1
+    report: RunReport,
+    service_names: Sequence[str],
+    w1_conc: int = 8,
+    max_other_load: float = 0.1,
+    served_inprocess: str | None = None,
 ) -> list[Ratio]:
     """Per service variant: against Infinity's best configuration for each workload (the fastest of its
     engines and dtypes in this run), against the in-process ONNX Runtime limit (its best row), and, for
-    context, against the model alone on W2's requests and the fastest in-process row of any backend."""
+    context, against the model alone on W2's requests (run as the service runs it: ``served_inprocess``,
+    when that system was measured; ONNX Runtime otherwise) and the fastest in-process row of any backend."""
     inf_w2 = _best(report, "infinity", "W2", "seq_per_s")
     inf_w1 = _best(report, "infinity", "W1", "req_per_s", w1_conc)
     onnx_rows = [p for p in report.points if p.system == INPROCESS_ONNX]
     limit = (INPROCESS_ONNX, max(onnx_rows, key=lambda p: p.seq_per_s, default=None))
     # The model alone on W2's own requests, one at a time: how much of the gap to the limit is serving.
-    same_requests = (INPROCESS_ONNX, next((p for p in onnx_rows if is_same_requests_row(p.workload)), None))
+    alone = served_inprocess if served_inprocess and report.system(served_inprocess) else INPROCESS_ONNX
+    rows = [p for p in report.points if p.system == alone and is_same_requests_row(p.workload)]
+    same_requests = (alone, rows[0] if rows else None)
     inprocess = [p for p in report.points if (info := report.system(p.system)) and info.kind == "inprocess"]
     top = max(inprocess, key=lambda p: p.seq_per_s, default=None)
     fastest = (top.system if top else INPROCESS_ONNX, top)
@@ -131,7 +138,7 @@ def compute_ratios(
             _compare(report, f"{name} W2 seq/s ÷ in-process ONNX limit", (w2, limit), "seq_per_s", 0.8, lim),
             _compare(
                 report,
-                f"{name} W2 seq/s ÷ in-process ONNX on W2's requests",
+                f"{name} W2 seq/s ÷ the model alone on W2's requests",
                 (w2, same_requests),
                 "seq_per_s",
                 None,

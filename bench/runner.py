@@ -396,8 +396,12 @@ def run(opts: Options) -> RunReport:
         rep.save(log_dir / "results-partial.json")
     if any(s.kind == "infinity" and s.ran for s in rep.systems):
         rep.machine["versions"] += f", infinity-emb {infinity.INFINITY_VERSION} (own venv)"
+    served = served_torch_spec(opts)
     rep.ratios = report.compute_ratios(
-        rep, [s.name for s in opts.services], max_other_load=opts.max_other_load
+        rep,
+        [s.name for s in opts.services],
+        max_other_load=opts.max_other_load,
+        served_inprocess=f"inprocess-{served.label}" if served else None,
     )
     rep.finished_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_outputs(rep, opts.out, opts.doc)

@@ -44,9 +44,10 @@ def check_config(path: Path) -> list[str]:
                 if m.task == "embed"
                 else f"labels {list(m.output.labels or ())}"
             )
+            graph = f" {args.runtime.torch_graph}" if model_config.backend == "torch" else ""
             lines.append(
-                f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, "
-                f"max {m.input.max_tokens} tokens, {model.precision}) weights {model.weights_dir}"
+                f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, max {m.input.max_tokens} "
+                f"tokens, {model_config.backend} {model.precision}{graph}) weights {model.weights_dir}"
             )
     return lines
 

@@ -75,7 +75,7 @@ def test_w2_against_the_model_alone_on_its_own_requests_is_context_not_a_target(
         _point("inprocess-onnx", "b32-requests", 1, 32, 2.5, 0.5)
     )  # 2.5 calls/s of 32 texts: 80 seq/s
     ratios = {r.name: r for r in compute_ratios(rep, ["service"])}
-    same = ratios["service W2 seq/s ÷ in-process ONNX on W2's requests"]
+    same = ratios["service W2 seq/s ÷ the model alone on W2's requests"]
     assert same.value == 0.8 and same.met is None and same.target == "(context)"
     assert "b32-requests" in same.detail
     row = next(line for line in ratios_table(list(ratios.values())).splitlines() if "W2's requests" in line)
@@ -111,6 +111,24 @@ def test_w2_against_the_fastest_in_process_row_of_any_backend_is_context() -> No
     assert "inprocess-torch-bf16-trace b32-sorted" in fastest.detail
     # The target keeps its own denominator: the ONNX Runtime limit.
     assert ratios["service W2 seq/s ÷ in-process ONNX limit"].value == 0.8
+
+
+def test_the_model_alone_on_w2s_requests_is_run_as_the_service_runs_it() -> None:
+    rep = _report()
+    rep.systems.append(SystemInfo("inprocess-torch-bf16-trace", "inprocess", "torch bf16", ran=True))
+    rep.points += [
+        _point("inprocess-onnx", "b32-requests", 1, 32, 2.5, 0.5),  # 80 seq/s
+        _point("inprocess-torch-bf16-trace", "b32-requests", 1, 32, 4.0, 0.3),  # 128 seq/s
+    ]
+    name = "service W2 seq/s ÷ the model alone on W2's requests"
+    served = {
+        r.name: r for r in compute_ratios(rep, ["service"], served_inprocess="inprocess-torch-bf16-trace")
+    }
+    assert served[name].value == 0.5 and "inprocess-torch-bf16-trace b32-requests" in served[name].detail
+    # Without a served row (an ONNX service, or it was not measured): ONNX Runtime's row.
+    for served_name in (None, "inprocess-torch-fp32-trace"):
+        plain = {r.name: r for r in compute_ratios(rep, ["service"], served_inprocess=served_name)}
+        assert plain[name].value == 0.8 and "inprocess-onnx b32-requests" in plain[name].detail
 
 
 def test_ratios_say_why_infinity_is_missing() -> None:

@@ -35,7 +35,9 @@ def _copy_default_manifest(repo: Path, **changes: object) -> None:
 
 def test_shipped_config_passes(capsys):
     assert main([str(ROOT / "serve_config.yaml")]) == 0
-    assert "all-MiniLM-L6-v2 v1 stable (embed, dimension 384" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "all-MiniLM-L6-v2 v1 stable (embed, dimension 384" in out
+    assert "max 256 tokens, torch bf16 trace)" in out  # how the model will run, as configured
 
 
 def test_bad_manifest_fails_naming_the_field(tmp_path, capsys):
