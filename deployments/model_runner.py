@@ -41,6 +41,8 @@ class ModelRunner(BatchRunner):
         cache_release_fraction: float = 0.9,
         graph: str = "eager",
     ) -> None:
+        if graph not in ("eager", "trace"):
+            raise ValueError(f"torch_graph must be eager or trace, not {graph!r}")
         super().__init__(model, pad_id)
         self.device = device
         self._cache_release_fraction = cache_release_fraction

@@ -104,6 +104,9 @@ def test_graph_setting_is_validated() -> None:
     assert RuntimeConfig(torch_graph="trace").torch_graph == "trace"
     with pytest.raises(ValidationError):
         RuntimeConfig(torch_graph="compile")
+    model = resolve_model(ModelConfig(), hash_files=False)
+    with pytest.raises(ValueError, match="eager or trace"):
+        create_runner(model, "cpu", graph="compile")  # the runner refuses it too, not a silent eager
 
 
 def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch, caplog) -> None:
