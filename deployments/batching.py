@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("textserve.batching")
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from postprocess.contracts import ModelOutput
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("textserve.groups")
 
 Group = list[EncodedTexts | ServiceError]  # one ingress call: several requests, some may have failed
 Answers = list[ModelOutput | ServiceError]

@@ -21,7 +21,7 @@ def pick_device(requested: str) -> torch.device:
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("textserve.runner")
 
 
 def cpu_has_bf16() -> bool:

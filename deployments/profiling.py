@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch.profiler import profile
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("textserve.profiling")
 
 # nullcontext keeps no state, so one instance serves every disabled batch: no allocation per call.
 _NOOP: contextlib.AbstractContextManager[None] = contextlib.nullcontext()

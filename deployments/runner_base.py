@@ -22,7 +22,7 @@ from deployments.batching import (
 )
 from deployments.manifest import ResolvedModel
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("textserve.runner")
 
 DEFAULT_LIMITS = BatchLimits(max_sequences=32, max_tokens=8192)
 

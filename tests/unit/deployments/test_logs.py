@@ -250,3 +250,22 @@ def test_formatter_survives_a_failing_serve_lookup(monkeypatch):
 def test_dropped_records_without_a_pipeline_is_zero(monkeypatch):
     monkeypatch.setattr(logs, "_current", None)
     assert dropped_records() == 0
+
+
+def test_every_module_logs_into_the_replica_pipeline() -> None:
+    """The pipeline serves the "textserve" logger: a module logging under its own name (``deployments.x``)
+    would lose its INFO lines (the batch cap rising again, warm-up, profiles written) in the replicas."""
+    import importlib
+    import pkgutil
+
+    import deployments
+
+    names = {}
+    for info in pkgutil.iter_modules(deployments.__path__):
+        module = importlib.import_module(f"deployments.{info.name}")
+        log = getattr(module, "log", None)
+        if isinstance(log, logging.Logger):
+            names[info.name] = log.name
+    assert {"batching", "runner_base", "model_runner", "inference"} <= set(names)
+    stray = {m: n for m, n in names.items() if not n.startswith(("textserve.", "ray.serve"))}
+    assert not stray, stray

@@ -116,6 +116,6 @@ def test_bf16_on_a_cpu_without_bf16_instructions_warns(monkeypatch, caplog) -> N
     for native, warned in ((True, False), (False, True)):
         monkeypatch.setattr(model_runner, "cpu_has_bf16", lambda native=native: native)
         caplog.clear()
-        with caplog.at_level("WARNING", logger="deployments.model_runner"):
+        with caplog.at_level("WARNING", logger="textserve.runner"):
             create_runner(model, "cpu")
         assert any("without bf16 instructions" in r.getMessage() for r in caplog.records) == warned
