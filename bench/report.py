@@ -32,6 +32,11 @@ def points_table(points: Sequence[Point]) -> str:
     return "\n".join(lines)
 
 
+def point_row(p: Point) -> str:
+    """One point as a row of ``points_table`` (printed as each point is measured)."""
+    return points_table([p]).splitlines()[-1]
+
+
 def systems_table(systems: Sequence[SystemInfo]) -> str:
     lines = [
         "| system | what | ran | output check (min cosine vs reference) | note |",

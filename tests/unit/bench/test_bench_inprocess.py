@@ -9,7 +9,8 @@ import pytest
 from bench.cli import parse
 from bench.corpus import build_corpus
 from bench.inprocess import measure_model, rows_for
-from bench.runner import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch, workload_plan
+from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
+from bench.runner import workload_plan
 from deployments.manifest import ResolvedModel
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]

@@ -19,6 +19,7 @@ from deployments.export_onnx import export
 from deployments.manifest import ManifestError, ResolvedModel
 from deployments.model_repo import resolve_model
 from preprocess.tokenize import TextTokenizer
+from tests.support.vectors import row_cosines
 
 MIN_COSINE_HALF = 0.999
 TEXTS = [
@@ -27,10 +28,6 @@ TEXTS = [
     "Serving transformer models well means sorting requests by length so that little compute goes to "
     "padding, and keeping the latency of every single request low, even under heavy load. " * 3,
 ]
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +59,8 @@ def test_torch_weights_cast_at_load(default_model, sequences, reference, precisi
     assert next(runner.model.parameters()).dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     got = runner.run(sequences, BatchLimits(5, 8192))  # padded micro-batches of mixed lengths
     assert got.values.dtype == np.float32  # users get float32 whatever the compute precision
-    assert _cos(got.values, reference).min() >= MIN_COSINE_HALF
-    assert _cos(got.values, reference).min() < 1.0 - 1e-7  # it really ran in half precision
+    assert row_cosines(got.values, reference).min() >= MIN_COSINE_HALF
+    assert row_cosines(got.values, reference).min() < 1.0 - 1e-7  # it really ran in half precision
 
 
 def test_onnx_fp16_export_serves_the_same_vectors(fp16_repository, sequences, reference) -> None:
@@ -75,7 +72,7 @@ def test_onnx_fp16_export_serves_the_same_vectors(fp16_repository, sequences, re
     assert model.onnx_file.stat().st_size < 0.6 * fp32_file.stat().st_size  # half-size weights
     got = create_runner(model, "cpu").run(sequences, BatchLimits(5, 8192))
     assert got.values.dtype == np.float32
-    assert _cos(got.values, reference).min() >= MIN_COSINE_HALF
+    assert row_cosines(got.values, reference).min() >= MIN_COSINE_HALF
 
 
 def test_onnx_precision_must_match_the_export(fp16_repository) -> None:

@@ -19,6 +19,7 @@ from deployments.model_repo import resolve_model
 from deployments.torch_graph import CHECK_SHAPES, TraceMismatchError, check_batch, traced_head
 from preprocess.tokenize import TextTokenizer
 from tests.support.models import build_classifier
+from tests.support.vectors import row_cosines
 
 MIN_COSINE = 0.9999
 TEXTS = [
@@ -29,10 +30,6 @@ TEXTS = [
     "Serving transformer models well means sorting requests by length so that little compute goes to "
     "padding, and keeping the latency of every single request low, even under heavy load. " * 3,
 ]
-
-
-def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
 @pytest.fixture(scope="module")
@@ -52,12 +49,12 @@ def test_trace_matches_eager(sequences, precision, parallel) -> None:
     limits = BatchLimits(7, 600)
     want, got = eager.run(sequences, limits), traced.run(sequences, limits)
     assert got.micro_batches > 2 and got.values.shape == want.values.shape
-    assert _cos(want.values, got.values).min() >= MIN_COSINE
+    assert row_cosines(want.values, got.values).min() >= MIN_COSINE
     np.testing.assert_allclose(np.linalg.norm(got.values, axis=1), 1.0, atol=1e-4)
     # Order is the caller's: each text alone gives its own row of the batched answer.
     for i in (0, 4, len(sequences) - 1):
         alone = traced.run([sequences[i]]).values[0]
-        assert float(_cos(alone[None], got.values[i : i + 1])[0]) >= MIN_COSINE
+        assert float(row_cosines(alone[None], got.values[i : i + 1])[0]) >= MIN_COSINE
 
 
 def test_trace_of_classifier_matches_eager(tmp_path: Path, sequences) -> None:
