@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bench.corpus import build_corpus
-from bench.inprocess import load_model_dir, make_runner, measure_runner
+from bench.inprocess import RowPlan, load_model_dir, make_runner, measure_runner
 from bench.report import points_table
 from bench.results import Point
 from bench.systems import min_cosine
@@ -107,9 +107,8 @@ def _run_variants(
             entry["cosine_min_vs_torch_fp32"] = min_cosine(
                 _vectors(runner, tok, texts[:PARITY_TEXTS]), reference
             )
-            points = measure_runner(
-                f"{backend}-{precision}-{device}", runner, tok, texts, warmup_s, duration_s, 0
-            )
+            plan = RowPlan(warmup_s, duration_s)
+            points = measure_runner(f"{backend}-{precision}-{device}", runner, tok, texts, plan)
             result["points"] += [asdict(p) for p in points]
             entry["ran"] = True
         except Exception as exc:  # one variant failing must not hide the others

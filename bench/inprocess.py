@@ -120,18 +120,25 @@ def sorted_groups(lengths: list[int], size: int, seed: int) -> list[list[int]]:
     return groups
 
 
+@dataclass(frozen=True)
+class RowPlan:
+    """How each in-process row is measured: timing, retries, and the shape of W2's requests."""
+
+    warmup_s: float
+    duration_s: float
+    seed: int = 0
+    max_other_load: float = 1.0
+    retries: int = 0
+    quiet_wait_s: float = 0.0
+    request_texts: int = 32
+    micro_batch: tuple[int, int] = (32, 512)  # the service's sequences and padded tokens per pass
+
+
 def measure_model(
     label: str,
     model_dir: Path,
     texts: list[str],
-    warmup_s: float,
-    duration_s: float,
-    seed: int,
-    max_other_load: float = 1.0,
-    retries: int = 0,
-    quiet_wait_s: float = 0.0,
-    request_texts: int = 32,
-    micro_batch: tuple[int, int] = (32, 512),
+    plan: RowPlan,
     device: str = "cpu",
     precision: str = "fp32",
     graph: str = "eager",
@@ -143,41 +150,15 @@ def measure_model(
     model = load_model_dir(model_dir, precision)
     tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
     runner = make_runner(model, device, threads, parallel, graph)
-    return measure_runner(
-        label,
-        runner,
-        tok,
-        texts,
-        warmup_s,
-        duration_s,
-        seed,
-        max_other_load,
-        retries,
-        quiet_wait_s,
-        request_texts,
-        micro_batch,
-    )
+    return measure_runner(label, runner, tok, texts, plan)
 
 
-def measure_runner(
-    label: str,
-    runner: Any,
-    tok: Any,
-    texts: list[str],
-    warmup_s: float,
-    duration_s: float,
-    seed: int,
-    max_other_load: float = 1.0,
-    retries: int = 0,
-    quiet_wait_s: float = 0.0,
-    request_texts: int = 32,
-    micro_batch: tuple[int, int] = (32, 512),
-) -> list[Point]:
+def measure_runner(label: str, runner: Any, tok: Any, texts: list[str], plan: RowPlan) -> list[Point]:
     """The rows of ``rows_for`` through a loaded runner and its tokenizer (a ``TextTokenizer``)."""
     max_tokens = tok.max_tokens
     lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
     points = []
-    for spec in rows_for(texts, lengths, max_tokens, seed, request_texts, micro_batch):
+    for spec in rows_for(texts, lengths, max_tokens, plan.seed, plan.request_texts, plan.micro_batch):
 
         def call(group: list[str], spec: Row = spec) -> None:
             enc = tok.encode(group, truncate=True)
@@ -190,12 +171,12 @@ def measure_runner(
             len(spec.groups[0]),
             call,
             spec.groups,
-            warmup_s,
-            duration_s,
-            max_other_load,
-            quiet_wait_s,
+            plan.warmup_s,
+            plan.duration_s,
+            plan.max_other_load,
+            plan.quiet_wait_s,
         )
-        point, _, taken = retry_disturbed(row, max_other_load, retries)
+        point, _, taken = retry_disturbed(row, plan.max_other_load, plan.retries)
         if taken > 1:
             print(f"{label} {spec.workload}: {taken} tries (the first ones were disturbed)", flush=True)
         points.append(point)
@@ -255,6 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     req = json.loads(ns.request.read_text())
     result: dict[str, Any] = {"points": [], "skipped": {}, "reference": []}
+    plan = RowPlan(
+        req["warmup_s"],
+        req["duration_s"],
+        req.get("seed", 0),
+        req.get("max_other_load", 1.0),
+        req.get("retries", 0),
+        req.get("quiet_wait_s", 0.0),
+        req.get("request_texts", 32),
+        tuple(req.get("micro_batch", (32, 512))),
+    )
     for spec in req["specs"]:
         label, model_dir = spec["label"], Path(spec["model_dir"])
         try:
@@ -262,14 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 label,
                 model_dir,
                 req["texts"],
-                req["warmup_s"],
-                req["duration_s"],
-                req.get("seed", 0),
-                req.get("max_other_load", 1.0),
-                req.get("retries", 0),
-                req.get("quiet_wait_s", 0.0),
-                req.get("request_texts", 32),
-                tuple(req.get("micro_batch", (32, 512))),
+                plan,
                 precision=spec.get("precision", "fp32"),
                 graph=spec.get("graph", "eager"),
                 threads=spec.get("threads"),

@@ -8,7 +8,7 @@ import pytest
 
 from bench.cli import parse
 from bench.corpus import build_corpus
-from bench.inprocess import measure_model, rows_for
+from bench.inprocess import RowPlan, measure_model, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
 from deployments.manifest import ResolvedModel
@@ -87,7 +87,8 @@ def test_served_torch_settings_get_their_own_in_process_row(tmp_path: Path) -> N
 def test_three_rows_measured_on_the_real_model(onnx_model: ResolvedModel) -> None:
     texts = list(build_corpus(0, 80).texts)
     model_dir = onnx_model.manifest_path.parent
-    points = measure_model("onnx", model_dir, texts, 0.0, 0.3, seed=0, request_texts=8, micro_batch=(4, 128))
+    plan = RowPlan(0.0, 0.3, seed=0, request_texts=8, micro_batch=(4, 128))
+    points = measure_model("onnx", model_dir, texts, plan)
     assert [p.workload for p in points] == ["b1", "b32-sorted", "b8-requests"]
     assert all(p.system == "inprocess-onnx" and p.requests > 0 and p.errors == 0 for p in points)
     assert [p.texts_per_request for p in points] == [1, 32, 8]
