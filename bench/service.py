@@ -25,8 +25,14 @@ import yaml
 from bench import procs
 
 ROOT = Path(__file__).resolve().parent.parent
-# Ray Serve's direct ingress behind HAProxy (experimental; README "Faster HTTP path"): Ray processes' env.
-DIRECT_INGRESS_ENV = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# Ray Serve's high-throughput mode (README "Faster HTTP path"), in the Ray processes' env: HAProxy in front
+# of the ingress replica, which takes HTTP itself (direct ingress), and gRPC between replicas. It also sends
+# replica stderr into Serve's own log file; LOG_TO_STDERR keeps our JSON log lines as they are.
+DIRECT_INGRESS_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    "RAY_SERVE_ENABLE_HA_PROXY": "1",
+    "RAY_SERVE_LOG_TO_STDERR": "1",
+}
 READY_TIMEOUT_S = 420.0
 
 
@@ -143,6 +149,11 @@ class RayServeService:
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ray_logs_dir(self) -> Path | None:
+        """The private Ray instance's log directory (replica stderr: ``worker-*.err``) while it runs."""
+        return self._temp_dir / "session_latest" / "logs" if self._temp_dir is not None else None
 
     @property
     def session_id(self) -> int | None:

@@ -216,8 +216,9 @@ class IngressConfig(_Frozen):
     )
     adaptive_wait: bool = Field(
         default=True,
-        description="Wait only while other requests are in flight in this replica: a request alone "
-        "(nothing else in flight, so nothing can join it soon) leaves at once.",
+        description="Wait only while company can still come: a request alone (nothing else in "
+        "flight) leaves at once, and a group leaves as soon as it holds as many requests as were "
+        "lately in flight at once, less those in running groups.",
     )
 
 

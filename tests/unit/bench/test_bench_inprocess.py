@@ -49,14 +49,14 @@ def test_request_row_holds_exactly_what_the_w2_client_sends() -> None:
 
 def test_micro_batch_limits_come_from_the_measured_service_config(tmp_path: Path) -> None:
     default = parse(["run", "--no-naive"])
-    assert service_micro_batch(default) == (32, 512)  # serve_config.yaml as shipped
+    assert service_micro_batch(default) == (32, 256)  # serve_config.yaml as shipped
     text = Path("serve_config.yaml").read_text()
     edited = text.replace("micro_batch_size: 32 ", "micro_batch_size: 8 ").replace(
-        "micro_batch_tokens: 512 ", "micro_batch_tokens: 256 "
+        "micro_batch_tokens: 256", "micro_batch_tokens: 128"
     )
     assert edited != text
     (tmp_path / "c.yaml").write_text(edited)
-    assert service_micro_batch(parse(["run", "--service", f"x={tmp_path / 'c.yaml'}"])) == (8, 256)
+    assert service_micro_batch(parse(["run", "--service", f"x={tmp_path / 'c.yaml'}"])) == (8, 128)
     assert service_micro_batch(parse(["run", "--no-service"])) == (32, 512)  # the config defaults
 
 

@@ -9,6 +9,7 @@ from deployments.batching import (
     AdaptiveBatchCap,
     AdaptiveWaitWindow,
     BatchLimits,
+    ExpectedCompany,
     group_wait_s,
     is_out_of_memory,
     padding_efficiency,
@@ -160,3 +161,38 @@ def test_group_wait_only_while_others_are_in_flight():
     assert group_wait_s(0, 0.008) == 0.0
     assert group_wait_s(1, 0.008) == 0.008
     assert group_wait_s(31, 0.008) == 0.008
+
+
+def test_a_group_is_full_once_every_recent_client_is_in():
+    company = ExpectedCompany()
+    for in_flight in range(1, 9):  # eight closed-loop clients, all back after their group answered
+        company.arrived(in_flight, now=10.0)
+    assert company.cap(64) == 8  # the group leaves with the eighth instead of waiting out the window
+    assert company.cap(4) == 4  # never above the configured cap
+
+
+def test_while_a_group_runs_groups_keep_the_configured_cap():
+    company = ExpectedCompany()
+    company.arrived(8, now=10.0)
+    company.running = 5  # their clients cannot send until answered; the window lets groups merge
+    assert company.cap(64) == 64
+    company.running = 0
+    assert company.cap(64) == 8
+
+
+def test_the_expected_company_follows_the_load_down():
+    company = ExpectedCompany(horizon_s=1.0)
+    company.arrived(8, now=0.0)
+    company.arrived(2, now=1.5)  # next horizon: the last one's peak still counts
+    assert company.cap(64) == 8
+    company.arrived(2, now=2.6)  # a horizon later the eight are forgotten
+    assert company.cap(64) == 2
+    company.arrived(1, now=9.0)  # after an idle spell only the new traffic counts
+    assert company.cap(64) == 1
+
+
+def test_the_first_request_is_full_company_for_itself():
+    company = ExpectedCompany()
+    assert company.cap(64) == 1
+    company.arrived(1, now=0.0)
+    assert company.cap(64) == 1

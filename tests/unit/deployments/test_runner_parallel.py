@@ -22,6 +22,7 @@ class RecordingRunner(BatchRunner):
     def __init__(self, model, fail_on: int | None = None) -> None:
         super().__init__(model, pad_id=0)
         self.passes: list[tuple[str, int]] = []
+        self.longest: list[int] = []  # each pass's padded length, in the order the passes started
         self.fail_on = fail_on
         self._lock = threading.Lock()
 
@@ -32,6 +33,7 @@ class RecordingRunner(BatchRunner):
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         with self._lock:
             self.passes.append((threading.current_thread().name, len(ids)))
+            self.longest.append(ids.shape[1])
         time.sleep(0.01)  # long enough for the passes to overlap when they can
         if self.fail_on is not None and (ids == self.fail_on).any():
             raise IndexError("index out of range in self")
@@ -82,3 +84,13 @@ def test_a_failing_pass_raises_to_the_caller(default_model):
         runner.run(_sequences([5, 6, 7, 8]), LIMITS)  # sequence 3 starts with id 103
     runner.fail_on = None
     assert runner.run(_sequences([5, 6]), LIMITS).values.shape == (2, runner.output_size)  # still usable
+
+
+def test_the_longest_passes_start_first(default_model):
+    # Ascending order would leave the longest pass to start last while the other thread idles.
+    runner = RecordingRunner(default_model)
+    runner.set_parallel(2)
+    runner.run(_sequences([3, 61, 5, 30, 4, 60, 6, 31]), BatchLimits(2, 100_000))
+    assert len(runner.longest) == 4  # [3, 4] [5, 6] [30, 31] [60, 61]
+    assert set(runner.longest[:2]) == {61, 31}
+    assert runner.longest[2:] == [6, 4]
