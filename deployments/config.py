@@ -217,8 +217,8 @@ class IngressConfig(_Frozen):
     adaptive_wait: bool = Field(
         default=True,
         description="Wait only while company can still come: a request alone (nothing else in "
-        "flight) leaves at once, and a group leaves as soon as it holds as many requests as were "
-        "lately in flight at once, less those in running groups.",
+        "flight) leaves at once, and while no group is running a group leaves as soon as it holds "
+        "as many requests as were lately in flight at once.",
     )
 
 
