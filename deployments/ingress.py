@@ -97,6 +97,7 @@ class Ingress:
         self._config = _DEFAULTS
         self._in_flight = 0
         self._company = ExpectedCompany()
+        self._group_cap = _DEFAULTS.max_group_size  # what the group batcher holds now
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
 
@@ -121,6 +122,7 @@ class Ingress:
         config = IngressConfig.model_validate(user_config)
         self._config = config
         self._pipeline.set_max_batch_size(config.max_group_size)
+        self._group_cap = config.max_group_size
         if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
             self._fallback_bytes = config.fallback_cache_mb * 2**20
             self._fallback = FallbackCache(int(self._fallback_bytes))
@@ -146,7 +148,10 @@ class Ingress:
         if self._config.adaptive_wait:
             # Serve reads both when a group's first member is taken: they hold for that group.
             self._company.arrived(self._in_flight, time.monotonic())
-            self._pipeline.set_max_batch_size(self._company.cap(self._config.max_group_size))
+            cap = self._company.cap(self._config.max_group_size)
+            if cap != self._group_cap:  # Serve's setter also checks the replica's config: only on change
+                self._group_cap = cap
+                self._pipeline.set_max_batch_size(cap)
             wait = group_wait_s(self._in_flight - 1, self._config.group_wait_timeout_s)
             self._pipeline.set_batch_wait_timeout_s(wait)
         try:
