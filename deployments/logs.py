@@ -8,6 +8,7 @@ into the replica's log files). No Ray import here: the Serve context is looked u
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import logging
 import logging.handlers
@@ -205,8 +206,10 @@ class LogPipeline:
         self.logger.removeHandler(self._handler)
         self.logger.propagate = self._previous_propagate
         self._listener.stop()
-        self._sink.flush()
         atexit.unregister(self.stop)
+        # At exit the stream may already be closed (e.g. a test runner's captured stderr): nothing to flush.
+        with contextlib.suppress(ValueError, OSError):
+            self._sink.flush()
 
 
 _current: LogPipeline | None = None

@@ -198,6 +198,19 @@ def test_stop_flushes_everything_accepted_and_detaches(pipeline):
     p.stop()  # idempotent
 
 
+def test_stop_survives_a_sink_closed_before_it(pipeline):
+    # At interpreter exit (atexit) the stream may already be closed, e.g. pytest's captured stderr.
+    class ClosedSink(Sink):
+        def flush(self) -> None:
+            raise ValueError("I/O operation on closed file.")
+
+    p, sink = pipeline(ClosedSink())
+    p.logger.info("last words")
+    p.stop()
+    assert p.stopped
+    assert [r["msg"] for r in sink.records()] == ["last words"]
+
+
 def test_exceptions_are_formatted(pipeline):
     p, sink = pipeline()
     try:
