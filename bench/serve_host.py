@@ -34,6 +34,8 @@ def _deploy(config: dict[str, Any]) -> None:
     client = serve_start(
         http_options=schema.http_options.model_dump(),
         proxy_location=schema.proxy_location,
+        # As `serve run` does: the controller gets its env (the high-throughput mode) from here.
+        controller_options=schema.controller_options,
     )
     client.deploy_apps(schema, _blocking=False)
 

@@ -25,13 +25,11 @@ import yaml
 from bench import procs
 
 ROOT = Path(__file__).resolve().parent.parent
-# Ray Serve's high-throughput mode (README "Faster HTTP path"), in the Ray processes' env: HAProxy in front
-# of the ingress replica, which takes HTTP itself (direct ingress), and gRPC between replicas. It also sends
-# replica stderr into Serve's own log file; LOG_TO_STDERR keeps our JSON log lines as they are.
-DIRECT_INGRESS_ENV = {
-    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-    "RAY_SERVE_ENABLE_HA_PROXY": "1",
-    "RAY_SERVE_LOG_TO_STDERR": "1",
+# serve_config.yaml runs Ray Serve's high-throughput mode (HAProxy in front of the ingress replica, gRPC
+# between replicas); these variables switch it off again for a variant, back to Serve's Python proxy.
+PROXY_ENV = {
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
+    "RAY_SERVE_ENABLE_HA_PROXY": "0",
 }
 READY_TIMEOUT_S = 420.0
 
@@ -91,6 +89,20 @@ def with_args(config: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    return cfg
+
+
+def with_env(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """A copy of ``config`` whose controller and applications get ``env`` on top of the env_vars it sets:
+    a config's runtime_env wins over the processes' inherited environment, so a variant's must go there."""
+    cfg = copy.deepcopy(config)
+    if not env:
+        return cfg
+    holders = [cfg.setdefault("controller_options", {}), *cfg["applications"]]
+    for holder in holders:
+        runtime_env = holder.get("runtime_env") or {}
+        runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env}
+        holder["runtime_env"] = runtime_env
     return cfg
 
 
@@ -171,7 +183,8 @@ class RayServeService:
         """Deploy and wait for /healthz; returns the seconds it took."""
         t0 = time.monotonic()
         self.port = procs.free_port()
-        self.config = with_port(with_args(load_config(self.variant.config), self.variant.args), self.port)
+        config = with_env(with_args(load_config(self.variant.config), self.variant.args), self.variant.env)
+        self.config = with_port(config, self.port)
         # Short: Ray's unix socket paths under it must stay below 108 bytes.
         self._temp_dir = Path(tempfile.mkdtemp(prefix="bench-ray-", dir="/tmp"))
         cfg_file = self._temp_dir / "serve_config.json"

@@ -1,7 +1,8 @@
 """One local Ray instance and one Serve deployment of the real config per test session.
 
 The apps are deployed from ``serve_config.yaml`` through the same controller call that
-``serve run serve_config.yaml`` makes, plus a test classifier app and a deliberately broken app.
+``serve run serve_config.yaml`` makes (its high-throughput mode included: HAProxy in front of the
+ingress replicas), plus a test classifier app and a deliberately broken app.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ class ServeHarness:
         from ray.serve.schema import ServeDeploySchema
 
         schema = ServeDeploySchema.model_validate(config)
-        client = serve_start(http_options=schema.http_options.model_dump(), proxy_location="HeadOnly")
+        # controller_options as `serve run` passes them: the config's high-throughput mode (HAProxy in front).
+        client = serve_start(
+            http_options=schema.http_options.model_dump(),
+            proxy_location="HeadOnly",
+            controller_options=schema.controller_options,
+        )
         client.deploy_apps(schema, _blocking=False)
 
     def deploy_extra(self, entry: dict[str, Any]) -> None:
@@ -118,6 +124,11 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     port = _free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
+    # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) by default: private ones here, so
+    # that a `serve run` on this machine and the test session never take each other's.
+    controller_env = config["controller_options"]["runtime_env"]["env_vars"]
+    controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
+    controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
     template = config["applications"][0]
     assert template["name"] == APP
     config["applications"].append(

@@ -10,7 +10,7 @@ import pytest
 from bench.cli import concurrency_list, inprocess_spec, parse
 from bench.loadgen import Target, encode_requests, split_concurrency
 from bench.results import summarize
-from bench.service import parse_env_pair, parse_service, with_args, with_port
+from bench.service import load_config, parse_env_pair, parse_service, with_args, with_env, with_port
 from bench.tune import default_grid, parse_grid_arg, pick_best, settings, validate
 
 
@@ -27,6 +27,24 @@ def test_service_specs() -> None:
         parse_service("a=b.yaml,NOVALUE")
     with pytest.raises(ValueError):
         parse_env_pair("=1")
+
+
+def test_variant_env_wins_over_the_configs_runtime_envs() -> None:
+    # A config's runtime_env env_vars override what the Ray processes inherit, so a variant's variables must
+    # be written into the controller's and every application's, or `service-proxy` would not switch anything.
+    base = load_config(Path(__file__).resolve().parents[3] / "serve_config.yaml")
+    cfg = with_env(base, {"RAY_SERVE_ENABLE_HA_PROXY": "0", "EXTRA": "x"})
+    controller = cfg["controller_options"]["runtime_env"]["env_vars"]
+    app = cfg["applications"][0]["runtime_env"]["env_vars"]
+    for env in (controller, app):
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0" and env["EXTRA"] == "x"
+        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"  # untouched keys stay
+    assert app["RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP"] == "0"
+    assert base["controller_options"]["runtime_env"]["env_vars"]["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    bare = with_env({"applications": [{"name": "a"}]}, {"K": "1"})
+    assert bare["controller_options"] == {"runtime_env": {"env_vars": {"K": "1"}}}
+    assert bare["applications"][0]["runtime_env"] == {"env_vars": {"K": "1"}}
+    assert with_env(base, {}) == base
 
 
 def test_service_spec_args_overrides_reach_the_config() -> None:
@@ -46,12 +64,11 @@ def test_service_spec_args_overrides_reach_the_config() -> None:
 def test_run_defaults_and_quick() -> None:
     opts = parse(["run"])
     assert opts.mode == "run"
-    assert [s.name for s in opts.services] == ["service", "service-direct"]
+    assert [s.name for s in opts.services] == ["service", "service-proxy"]
     assert opts.services[0].env == {}
-    assert opts.services[1].env == {  # Ray Serve's high-throughput mode, our JSON logs kept on stderr
-        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
-        "RAY_SERVE_ENABLE_HA_PROXY": "1",
-        "RAY_SERVE_LOG_TO_STDERR": "1",
+    assert opts.services[1].env == {  # serve_config.yaml's high-throughput mode off: Serve's Python proxy
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "0",
+        "RAY_SERVE_ENABLE_HA_PROXY": "0",
     }
     assert [s.name for s in parse(["ramp"]).services] == ["service"]  # a ramp measures one system
     assert (opts.warmup_s, opts.duration_s, opts.w1_concurrency, opts.w2_concurrency) == (
@@ -65,7 +82,7 @@ def test_run_defaults_and_quick() -> None:
     assert (quick.warmup_s, quick.duration_s, quick.w1_concurrency) == (1.0, 3.0, [1, 8])
     assert not quick.naive and not quick.inprocess_enabled and not quick.onnx
     assert quick.services[0].env == {"A": "1"}
-    assert quick.services[1].env["A"] == "1" and quick.services[1].env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert quick.services[1].env["A"] == "1" and quick.services[1].env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
     assert quick.command.startswith("python -m bench run --quick")
 
 

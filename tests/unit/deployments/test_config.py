@@ -57,6 +57,21 @@ def test_serve_config_validates_with_ray_schema(raw):
     assert {d.name for d in application.deployments} == DEPLOYMENT_NAMES
 
 
+THROUGHPUT_MODE = {"RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_LOG_TO_STDERR"}
+
+
+def test_high_throughput_mode_is_on_for_controller_and_replicas_alike(raw, app):
+    # The controller starts HAProxy and sends HTTP to the ingress replica directly; the replicas must run the
+    # same mode (direct ingress, gRPC between them) or the two sides disagree about how requests arrive.
+    controller = raw["controller_options"]["runtime_env"]["env_vars"]
+    replicas = app["runtime_env"]["env_vars"]
+    assert {k: controller.get(k) for k in THROUGHPUT_MODE} == {k: "1" for k in THROUGHPUT_MODE}
+    assert {k: replicas.get(k) for k in THROUGHPUT_MODE} == {k: "1" for k in THROUGHPUT_MODE}
+    schema = ServeDeploySchema.model_validate(raw)
+    assert schema.controller_options is not None
+    assert schema.controller_options.runtime_env == {"env_vars": controller}
+
+
 def test_import_path_points_at_build_app(app):
     module, _, attr = app["import_path"].partition(":")
     source = (PROJECT_ROOT / Path(*module.split("."))).with_suffix(".py")
