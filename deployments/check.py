@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
 
 from deployments.config import AppArgs, BatchingConfig, IngressConfig, SerializerConfig
 from deployments.manifest import ManifestError
@@ -82,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     except ManifestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    except (ValidationError, OSError, yaml.YAMLError) as exc:
+    except (ValueError, OSError, yaml.YAMLError) as exc:  # ValueError: pydantic, or a port that is no number
         print(f"error: invalid config {ns.config}: {exc}", file=sys.stderr)
         return 1
     for h in busy:
