@@ -36,6 +36,10 @@ def _sequences() -> int:
 def _ingress_replica_url() -> str:
     """The ingress replica's own HTTP listener (direct ingress: HAProxy forwards to it)."""
     import psutil
+    from ray.serve._private.constants import (
+        RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+        RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+    )
     from ray.serve.context import _get_global_client
 
     app = _get_global_client().get_serve_details()["applications"][APP]
@@ -44,7 +48,8 @@ def _ingress_replica_url() -> str:
         c.laddr.port
         for pid in pids
         for c in psutil.Process(pid).net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port < 31000  # Serve's direct-ingress range
+        if c.status == psutil.CONN_LISTEN
+        and RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT <= c.laddr.port <= RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
     ]
     assert ports, f"no direct-ingress HTTP port on the ingress replicas {pids}"
     return f"http://127.0.0.1:{ports[0]}"
