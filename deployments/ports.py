@@ -2,21 +2,20 @@
 
 In the high-throughput mode HAProxy listens on the HTTP port (and on its stats and metrics ports). It is a
 child process of Ray's HAProxyManager actor and does not die with it: when ``serve run`` is killed hard
-(SIGKILL, SIGTERM, a closed terminal) rather than stopped with Ctrl-C, the HAProxy stays and keeps the
+(SIGKILL, SIGTERM, `ray stop --force`) rather than stopped with Ctrl-C, the HAProxy stays and keeps the
 ports, and the next ``serve run`` cannot start its own. The preflight names such a process instead of
-letting Serve retry in its logs. Linux only (``/proc``); elsewhere a held port is reported without its holder.
+letting Serve retry in its logs. Where the holder cannot be seen (another user's process on some systems),
+the port is reported as in use without it.
 """
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-PROC = Path("/proc")
+import psutil
+
 HAPROXY_MANAGER = "ray::HAProxyManager"
-_LISTEN = "0A"  # TCP state LISTEN in /proc/net/tcp
 
 
 @dataclass(frozen=True)
@@ -54,50 +53,22 @@ def is_free(host: str, port: int) -> bool:
     return True
 
 
-def _listening_inodes(port: int) -> set[str]:
-    inodes: set[str] = set()
-    for table in ("tcp", "tcp6"):
-        try:
-            lines = (PROC / "net" / table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            local, state, inode = fields[1], fields[3], fields[9]
-            if state == _LISTEN and int(local.rsplit(":", 1)[1], 16) == port:
-                inodes.add(inode)
-    return inodes
-
-
-def _cmdline(pid: int) -> str:
+def _listener(port: int) -> int | None:
+    """The pid listening on ``port`` (any address), if this user may see it."""
     try:
-        return (
-            (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-        )
-    except OSError:
+        conns = psutil.net_connections(kind="inet")
+    except psutil.Error:
+        return None
+    return next(
+        (c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid), None
+    )
+
+
+def _command(proc: psutil.Process | None) -> str:
+    try:
+        return " ".join(proc.cmdline()).strip() if proc is not None else ""
+    except psutil.Error:
         return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _owner(inodes: set[str]) -> int | None:
-    targets = {f"socket:[{inode}]" for inode in inodes}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            for fd in (entry / "fd").iterdir():
-                if os.readlink(fd) in targets:
-                    return int(entry.name)
-        except OSError:
-            continue
-    return None
 
 
 def is_orphaned_haproxy(command: str, parent_command: str) -> bool:
@@ -110,11 +81,16 @@ def holder(host: str, port: int) -> PortHolder | None:
     """None when ``host:port`` is free; otherwise the process listening there, as far as ``/proc`` tells."""
     if is_free(host, port):
         return None
-    pid = _owner(_listening_inodes(port))
+    pid = _listener(port)
     if pid is None:
         return PortHolder((port,), None, "", orphaned_haproxy=False)
-    command = _cmdline(pid)
-    orphaned = is_orphaned_haproxy(command, _cmdline(_parent(pid)))
+    try:
+        proc = psutil.Process(pid)
+        parent = proc.parent()
+    except psutil.Error:
+        proc = parent = None
+    command = _command(proc)
+    orphaned = is_orphaned_haproxy(command, _command(parent))
     return PortHolder((port,), pid, command.split(" ", 1)[0], orphaned_haproxy=orphaned)
 
 
