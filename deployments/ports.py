@@ -78,7 +78,7 @@ def is_orphaned_haproxy(command: str, parent_command: str) -> bool:
 
 
 def holder(host: str, port: int) -> PortHolder | None:
-    """None when ``host:port`` is free; otherwise the process listening there, as far as ``/proc`` tells."""
+    """None when ``host:port`` is free; otherwise the process listening there, as far as this user can see."""
     if is_free(host, port):
         return None
     pid = _listener(port)
@@ -97,11 +97,15 @@ def holder(host: str, port: int) -> PortHolder | None:
 def holders(addresses: list[tuple[str, int]]) -> list[PortHolder]:
     """The busy ones of ``addresses``, one entry per process (HAProxy holds three ports at once)."""
     by_pid: dict[int, PortHolder] = {}
+    unknown: list[PortHolder] = []
     for host, port in addresses:
         h = holder(host, port)
         if h is None:
             continue
-        seen = by_pid.get(h.pid) if h.pid is not None else None
-        key = h.pid if h.pid is not None else -port
-        by_pid[key] = replace(seen, ports=seen.ports + h.ports) if seen else h
-    return list(by_pid.values())
+        if h.pid is None:
+            unknown.append(h)
+        elif h.pid in by_pid:
+            by_pid[h.pid] = replace(by_pid[h.pid], ports=by_pid[h.pid].ports + h.ports)
+        else:
+            by_pid[h.pid] = h
+    return [*by_pid.values(), *unknown]

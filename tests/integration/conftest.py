@@ -126,9 +126,11 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     config["http_options"]["port"] = port
     # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) by default: private ones here, so
     # that a `serve run` on this machine and the test session never take each other's.
-    controller_env = config["controller_options"]["runtime_env"]["env_vars"]
-    controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
-    controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
+    # (A config switched back to Serve's proxy, without controller_options, starts no HAProxy.)
+    controller_env = ((config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars")
+    if controller_env is not None:
+        controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
+        controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
     template = config["applications"][0]
     assert template["name"] == APP
     config["applications"].append(

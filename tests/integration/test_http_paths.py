@@ -11,13 +11,13 @@ which deploys as `serve run` does) and must answer exactly as the shipped path d
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 
 from bench import procs
@@ -29,8 +29,7 @@ MODEL = "all-MiniLM-L6-v2"
 
 
 def _haproxies() -> list[int]:
-    pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
-    return [p for p in pids if "/haproxy " in procs.cmdline(p) + " "]
+    return [p.pid for p in psutil.process_iter() if "/haproxy " in procs.cmdline(p.pid) + " "]
 
 
 @pytest.fixture(scope="module")

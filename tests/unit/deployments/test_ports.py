@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.procs import free_port
 from deployments.check import main
 from deployments.ports import holder, holders, is_free, is_orphaned_haproxy
 
@@ -26,14 +27,8 @@ def _listener() -> socket.socket:
     return s
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_free_port_has_no_holder() -> None:
-    port = _free_port()
+    port = free_port()
     assert is_free("127.0.0.1", port)
     assert holder("127.0.0.1", port) is None
 
@@ -42,7 +37,7 @@ def test_the_listening_process_is_named() -> None:
     with _listener() as a, _listener() as b:
         ports = (a.getsockname()[1], b.getsockname()[1])
         assert not is_free("127.0.0.1", ports[0])
-        found = holders([("127.0.0.1", p) for p in ports] + [("127.0.0.1", _free_port())])
+        found = holders([("127.0.0.1", p) for p in ports] + [("127.0.0.1", free_port())])
     assert len(found) == 1  # one entry per process, with every port it holds
     (h,) = found
     assert h.pid == os.getpid() and h.ports == ports and not h.orphaned_haproxy
@@ -108,7 +103,7 @@ def _config(tmp_path: Path, port: int, **controller_env: str) -> Path:
 
 def test_preflight_refuses_a_leftover_haproxy_and_says_how_to_stop_it(tmp_path, orphan, capsys) -> None:
     pid, port = orphan
-    stats, metrics = str(_free_port()), str(_free_port())
+    stats, metrics = str(free_port()), str(free_port())
     path = _config(tmp_path, port, RAY_SERVE_HAPROXY_STATS_PORT=stats, RAY_SERVE_HAPROXY_METRICS_PORT=metrics)
     assert main([str(path)]) == 1
     err = capsys.readouterr().err
@@ -120,7 +115,7 @@ def test_preflight_only_warns_about_a_live_holder(tmp_path, capsys) -> None:
     # A running Serve instance may be the one `serve run` deploys to: named, not refused.
     with _listener() as s:
         port = s.getsockname()[1]
-        stats, metrics = str(_free_port()), str(_free_port())
+        stats, metrics = str(free_port()), str(free_port())
         path = _config(
             tmp_path, port, RAY_SERVE_HAPROXY_STATS_PORT=stats, RAY_SERVE_HAPROXY_METRICS_PORT=metrics
         )
@@ -132,11 +127,9 @@ def test_preflight_only_warns_about_a_live_holder(tmp_path, capsys) -> None:
 def test_haproxy_ports_are_checked_only_in_its_mode(tmp_path, capsys) -> None:
     with _listener() as s:
         busy = str(s.getsockname()[1])
-        on = _config(tmp_path, _free_port(), RAY_SERVE_HAPROXY_STATS_PORT=busy)
+        on = _config(tmp_path, free_port(), RAY_SERVE_HAPROXY_STATS_PORT=busy)
         assert main([str(on)]) == 0
         assert f"port {busy} held by pid {os.getpid()}" in capsys.readouterr().err
-        off = _config(
-            tmp_path, _free_port(), RAY_SERVE_HAPROXY_STATS_PORT=busy, RAY_SERVE_ENABLE_HA_PROXY="0"
-        )
+        off = _config(tmp_path, free_port(), RAY_SERVE_HAPROXY_STATS_PORT=busy, RAY_SERVE_ENABLE_HA_PROXY="0")
         assert main([str(off)]) == 0
         assert "held by" not in capsys.readouterr().err
