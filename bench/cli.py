@@ -51,6 +51,7 @@ class Options:
     retries: int
     quiet_wait_s: float
     doc: Path | None = None
+    rounds: int = 1  # run only: each HTTP system started and measured this many times
     # ramp only
     system: str = ""
     texts_per_request: int = 1
@@ -61,6 +62,13 @@ class Options:
     max_concurrency: int = 256
     max_steps: int = 12
     min_gain: float = 0.1
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def concurrency_list(text: str) -> list[int]:
@@ -167,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--w2-concurrency", type=concurrency_list, default=None, help="default 4")
     run.add_argument("--w2-texts", type=int, default=32, help="texts per request in W2 (default 32)")
     run.add_argument(
+        "--rounds",
+        type=_positive,
+        default=1,
+        help="start and measure every HTTP system this many times, round after round; the ratios are "
+        "the median over the rounds (default 1)",
+    )
+    run.add_argument(
         "--doc",
         type=Path,
         default=None,
@@ -241,6 +256,7 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         retries=0 if ns.quick else ns.retries,
         quiet_wait_s=0.0 if ns.quick else ns.quiet_wait,
         doc=ns.doc if is_run else None,
+        rounds=ns.rounds if is_run else 1,
     )
     if not is_run:
         opts.system = ns.system

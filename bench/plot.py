@@ -8,11 +8,12 @@ from pathlib import Path
 from bench.results import Point, is_same_requests_row
 
 
-def _series(points: Sequence[Point], workload: str) -> dict[str, list[Point]]:
-    out: dict[str, list[Point]] = {}
+def _series(points: Sequence[Point], workload: str) -> dict[tuple[str, int], list[Point]]:
+    """Points of ``workload`` by (system, round): one curve per start of each system."""
+    out: dict[tuple[str, int], list[Point]] = {}
     for p in points:
         if p.workload == workload and p.p50_ms is not None:
-            out.setdefault(p.system, []).append(p)
+            out.setdefault((p.system, p.round), []).append(p)
     return {k: sorted(v, key=lambda p: p.concurrency) for k, v in out.items()}
 
 
@@ -32,13 +33,18 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
         (axes[1], "W2", "seq/s", "W2: 32 texts per request"),
     )
     for ax, workload, unit, label in panels:
-        for system, series in _series(points, workload).items():
+        labelled: set[str] = set()
+        for (system, round_no), series in _series(points, workload).items():
             if system.startswith("inprocess-"):
                 continue
             xs = [p.req_per_s if unit == "req/s" else p.seq_per_s for p in series]
             color = colors[system]
-            ax.plot(xs, [p.p50_ms for p in series], "o-", color=color, label=f"{system} p50")
-            ax.plot(xs, [p.p99_ms for p in series], "s--", color=color, alpha=0.7, label=f"{system} p99")
+            # One legend entry per system; later rounds' curves share its colour ("_": not in the legend).
+            first = system not in labelled
+            labelled.add(system)
+            p50, p99 = (f"{system} p50", f"{system} p99") if first else (f"_r{round_no}", f"_r{round_no}")
+            ax.plot(xs, [p.p50_ms for p in series], "o-", color=color, label=p50)
+            ax.plot(xs, [p.p99_ms for p in series], "s--", color=color, alpha=0.7, label=p99)
             for x, p in zip(xs, series, strict=True):
                 ax.annotate(
                     f"c={p.concurrency}",

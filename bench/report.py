@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from bench.results import Point, Ratio, RunReport, SystemInfo, is_same_requests_row
 
@@ -14,19 +17,23 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def points_table(points: Sequence[Point]) -> str:
-    """One row per point: req/s, sequences/s, latency percentiles, errors, client CPU."""
+def points_table(points: Sequence[Point], with_round: bool = False) -> str:
+    """One row per point: req/s, sequences/s, latency percentiles, errors, client CPU (and which start
+    of its system, for a run of several rounds)."""
+    round_col = "| round " if with_round else ""
     header = (
-        "| system | workload | concurrency | texts/req | req/s | seq/s | p50 ms | p90 ms | p99 ms "
-        "| errors | requests | client CPU | other load |"
+        f"| system {round_col}| workload | concurrency | texts/req | req/s | seq/s "
+        "| p50 ms | p90 ms | p99 ms | errors | requests | client CPU | other load |"
     )
-    lines = [header, "|" + "---|" * 13]
+    lines = [header, "|" + "---|" * (14 if with_round else 13)]
     for p in points:
         cpu = "-" if p.client_cpu is None else f"{p.client_cpu * 100:.0f} %"
         other = "-" if p.other_load is None else f"{p.other_load * 100:.0f} %"
+        cell = f" {p.round} |" if with_round else ""
         lines.append(
-            f"| {p.system} | {p.workload} | {p.concurrency} | {p.texts_per_request} | {_num(p.req_per_s)} "
-            f"| {_num(p.seq_per_s)} | {_num(p.p50_ms)} | {_num(p.p90_ms)} | {_num(p.p99_ms)} | {p.errors} "
+            f"| {p.system} |{cell} {p.workload} | {p.concurrency} | {p.texts_per_request} "
+            f"| {_num(p.req_per_s)} | {_num(p.seq_per_s)} | {_num(p.p50_ms)} | {_num(p.p90_ms)} "
+            f"| {_num(p.p99_ms)} | {p.errors} "
             f"| {p.requests} | {cpu} | {other} |"
         )
     return "\n".join(lines)
@@ -168,6 +175,42 @@ def compute_ratios(
     return ratios
 
 
+def ratios_over_rounds(report: RunReport, service_names: Sequence[str], **kwargs: Any) -> list[Ratio]:
+    """``compute_ratios`` for a run of one round. For several rounds (each HTTP system started once per
+    round), every ratio within each round, and first the median of each over the rounds, judged against
+    the target: one start of a server can be 10-20 % faster or slower than the next on a small machine,
+    and a ratio from one start of each side falls either side of its target by chance when both are close."""
+    rounds = report.rounds
+    if rounds == 1:
+        return compute_ratios(report, service_names, **kwargs)
+    each = [compute_ratios(report.in_round(r), service_names, **kwargs) for r in range(1, rounds + 1)]
+    medians: list[Ratio] = []
+    for i, first in enumerate(each[0]):
+        values = [ratios[i].value for ratios in each]
+        known = [v for v in values if v is not None]
+        listed = ", ".join("n/a" if v is None else f"{v:.2f}" for v in values)
+        if not known:
+            medians.append(Ratio(first.name, None, first.target, None, f"in no round: {first.detail}"))
+            continue
+        value = round(statistics.median(known), 2)
+        detail = f"median of {len(known)} of {rounds} rounds ({listed})"
+        medians.append(Ratio(first.name, value, first.target, _meets(value, first.target), detail))
+    per_round = [
+        replace(r, name=f"round {n}: {r.name}") for n, ratios in enumerate(each, start=1) for r in ratios
+    ]
+    return medians + per_round
+
+
+def _meets(value: float, target: str) -> bool | None:
+    """``value`` against a target written as ``>= 2`` or ``<= 1``; None for context rows."""
+    op, _, bound = target.partition(" ")
+    if op == ">=":
+        return value >= float(bound)
+    if op == "<=":
+        return value <= float(bound)
+    return None
+
+
 def ratios_table(ratios: Sequence[Ratio]) -> str:
     lines = ["| ratio | value | target | met | from |", "|---|---|---|---|---|"]
     for r in ratios:
@@ -187,6 +230,19 @@ def _disturbance_note(report: RunReport) -> list[str]:
         f'{limit:.0%} of the CPUs** (column "other load"; the least disturbed of '
         f"{1 + int(report.options.get('retries', 0))} tries is shown): their numbers are lower than this "
         "machine can do. Re-run on a quiet machine before drawing conclusions from them.",
+        "",
+    ]
+
+
+def _rounds_note(report: RunReport) -> list[str]:
+    rounds = report.rounds
+    if rounds == 1:
+        return []
+    return [
+        f"Every HTTP system was started and measured {rounds} times, one round after the other "
+        '(column "round" above). The first rows give each ratio\'s median over the rounds, judged against '
+        'its target; "round N:" rows the ratio within each round, against the best Infinity configuration '
+        "of that round.",
         "",
     ]
 
@@ -215,10 +271,11 @@ def render(report: RunReport, plot_name: str | None = "plot.png", level: int = 2
         f"{h} Results",
         "",
         *_disturbance_note(report),
-        points_table(report.points),
+        points_table(report.points, with_round=report.rounds > 1),
         "",
         f"{h} Ratios (same run)",
         "",
+        *_rounds_note(report),
         ratios_table(report.ratios),
     ]
     if plot_name:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ class Point:
     client_cpu: float | None = None  # load generator CPU, fraction of one core
     other_load: float | None = None  # CPU used by anything else on the machine, share of all CPUs
     setting: dict[str, Any] = field(default_factory=dict)  # tuner: the user_config measured
+    round: int = 1  # which start of its system (``bench run --rounds``); in-process rows: always 1
 
     @property
     def error_rate(self) -> float:
@@ -135,6 +136,16 @@ class RunReport:
             if p.system == system and p.workload == workload and concurrency in (None, p.concurrency):
                 return p
         return None
+
+    @property
+    def rounds(self) -> int:
+        return max((p.round for p in self.points), default=1)
+
+    def in_round(self, round_no: int) -> RunReport:
+        """The run as if it had only this round of the HTTP systems (the in-process rows are shared)."""
+        inprocess = {s.name for s in self.systems if s.kind == "inprocess"}
+        points = [p for p in self.points if p.round == round_no or p.system in inprocess]
+        return replace(self, points=points, ratios=[])
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, default=str)  # paths nested in options

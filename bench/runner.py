@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -112,18 +112,21 @@ def measure_server(
     corpus: Corpus,
     check_texts: list[str],
     reference: np.ndarray,
+    round_no: int = 1,
 ) -> None:
+    """Start ``server``, check its output, measure every workload point, stop it. A later round adds
+    its points (marked with the round) and its notes to the same ``info``."""
     load = machine.wait_quiet()
     if load > 0.25:
-        info.reason = f"other load on the machine before start: {load:.0%} of all CPUs. "
+        info.reason += f"other load on the machine before start: {load:.0%} of all CPUs. "
     try:
         seconds = server.start()
         print(f"{info.name}: up in {seconds:.1f} s at {server.base_url}", flush=True)
         url = server.base_url + server.embeddings_path
         if len(reference):
-            info.check_min_cosine = round(
-                systems.min_cosine(systems.fetch_embeddings(url, check_texts), reference), 6
-            )
+            cosine = round(systems.min_cosine(systems.fetch_embeddings(url, check_texts), reference), 6)
+            known = info.check_min_cosine
+            info.check_min_cosine = cosine if known is None else min(known, cosine)
         target = loadgen.Target(url, systems.MODEL_NAME, opts.encoding_format)
         timing = loadgen.Timing(opts.warmup_s, opts.duration_s, opts.request_timeout_s)
         for workload, groups, conc in workload_plan(opts, corpus):
@@ -142,16 +145,41 @@ def measure_server(
             point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
             if taken > 1:
                 print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
+            point = replace(point, round=round_no)
             rep.points.append(point)
             print(report.point_row(point), flush=True)
             if errors:
-                info.reason += f"{workload} c={conc} errors, e.g. {errors[0][:160]}. "
+                where = f"round {round_no} " if opts.rounds > 1 else ""
+                info.reason += f"{where}{workload} c={conc} errors, e.g. {errors[0][:160]}. "
         info.ran = True
     except Exception as exc:  # one system failing must not stop the others
         info.reason += f"{type(exc).__name__}: {exc}"
         print(f"{info.name}: FAILED: {exc}", file=sys.stderr, flush=True)
     finally:
         server.stop()
+
+
+def measure_rounds(
+    opts: Options,
+    rep: RunReport,
+    corpus: Corpus,
+    check_texts: list[str],
+    reference: np.ndarray,
+    log_dir: Path,
+) -> None:
+    """Every HTTP system in turn, ``opts.rounds`` times over: a server's speed varies from one start to
+    the next, so several rounds show how much, and the ratios take the median over them."""
+    for round_no in range(1, opts.rounds + 1):
+        if opts.rounds > 1:
+            print(f"round {round_no} of {opts.rounds}", flush=True)
+        for fresh, server in servers(opts, log_dir):
+            info = rep.system(fresh.name)  # a later round adds to the record of the first
+            if info is None:
+                info = fresh
+                rep.systems.append(info)
+            if server is not None:
+                measure_server(opts, rep, info, server, corpus, check_texts, reference, round_no)
+            rep.save(log_dir / "results-partial.json")
 
 
 def measure_when_quiet(
@@ -217,15 +245,11 @@ def run(opts: Options) -> RunReport:
     print(f"corpus: {corpus_stats}\nlogs: {log_dir}", flush=True)
     check_texts = [*corpus.texts[:CHECK_TEXTS], max(corpus.texts, key=len)]
     reference = run_inprocess(opts, rep, corpus, check_texts, log_dir)
-    for info, server in servers(opts, log_dir):
-        rep.systems.append(info)
-        if server is not None:
-            measure_server(opts, rep, info, server, corpus, check_texts, reference)
-        rep.save(log_dir / "results-partial.json")
+    measure_rounds(opts, rep, corpus, check_texts, reference, log_dir)
     if any(s.kind == "infinity" and s.ran for s in rep.systems):
         rep.machine["versions"] += f", infinity-emb {infinity.INFINITY_VERSION} (own venv)"
     served = served_torch_spec(opts)
-    rep.ratios = report.compute_ratios(
+    rep.ratios = report.ratios_over_rounds(
         rep,
         [s.name for s in opts.services],
         max_other_load=opts.max_other_load,

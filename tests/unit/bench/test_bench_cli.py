@@ -86,6 +86,15 @@ def test_run_defaults_and_quick() -> None:
     assert quick.command.startswith("python -m bench run --quick")
 
 
+def test_rounds_option() -> None:
+    assert parse(["run"]).rounds == 1
+    assert parse(["run", "--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        parse(["run", "--rounds", "0"])
+    with pytest.raises(SystemExit):  # a ramp is one system's curve: no rounds
+        parse(["ramp", "--rounds", "2"])
+
+
 def test_two_variants_need_distinct_names() -> None:
     opts = parse(["run", "--service", "a=x.yaml", "--service", "b=x.yaml,K=V"])
     assert [s.name for s in opts.services] == ["a", "b"]

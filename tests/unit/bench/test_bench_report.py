@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from bench.report import (
     END_MARK,
     compute_ratios,
     points_table,
+    ratios_over_rounds,
     ratios_table,
     render,
     splice_doc,
@@ -182,3 +185,68 @@ def test_disturbed_points_are_called_out() -> None:
     assert "DISTURBED" not in ratios["service W1 c=8 req/s ÷ Infinity's best"].detail
     assert "1 of 6 points were measured while other processes" in render(rep)
     assert "points were measured while" not in render(_report())
+
+
+def _three_rounds() -> RunReport:
+    """service W1 c=8 at 60, 40 and 66 req/s against Infinity's best of each round (50, 50, 55)."""
+    rep = _report()
+    rep.systems.append(SystemInfo("infinity-torch-bf16", "infinity", "inf bf16", ran=True))
+    one = list(rep.points)
+    for round_no, service_rate, onnx_rate in ((2, 40.0, 50.0), (3, 66.0, 50.0)):
+        for p in one:
+            if p.system == "service" and p.workload == "W1":
+                p = _point("service", "W1", 8, 1, service_rate, 0.3)
+            elif p.system == "infinity-onnx" and p.workload == "W1":
+                p = _point("infinity-onnx", "W1", 8, 1, onnx_rate, 0.4)
+            elif p.system == "inprocess-onnx":
+                continue  # measured once, shared by every round
+            rep.points.append(replace(p, round=round_no))
+    # In round 3 Infinity's bf16 engine is its best on W1: that round's ratio is against it.
+    rep.points.append(replace(_point("infinity-torch-bf16", "W1", 8, 1, 55.0, 0.2), round=3))
+    return rep
+
+
+def test_one_round_gives_the_plain_ratios() -> None:
+    assert ratios_over_rounds(_report(), ["service"]) == compute_ratios(_report(), ["service"])
+
+
+def test_several_rounds_give_the_median_then_each_round() -> None:
+    rep = _three_rounds()
+    assert rep.rounds == 3
+    ratios = {r.name: r for r in ratios_over_rounds(rep, ["service"])}
+    name = "service W1 c=8 req/s ÷ Infinity's best"
+    assert [ratios[f"round {n}: {name}"].value for n in (1, 2, 3)] == [1.2, 0.8, 1.2]
+    assert ratios[f"round 2: {name}"].met is False
+    assert "infinity-torch-bf16 W1" in ratios[f"round 3: {name}"].detail  # 66 / 55, that round's best
+    median = ratios[name]
+    assert median.value == 1.2 and median.met is True and median.target == ">= 1"
+    assert median.detail == "median of 3 of 3 rounds (1.20, 0.80, 1.20)"
+    # A lower-is-better target is judged the same way: p99 0.3 s vs 0.4, 0.4, and 0.2 s in round 3.
+    p99 = ratios["service W1 c=8 p99 ÷ that Infinity's p99"]
+    assert p99.value == 0.75 and p99.met is True and "(0.75, 0.75, 1.50)" in p99.detail
+    # W2 did not change between rounds: the median is that value, context rows stay without a verdict.
+    assert ratios["service W2 seq/s ÷ Infinity's best W2 seq/s"].value == 2.0
+    context = ratios["service W2 seq/s ÷ fastest in-process row"]
+    assert context.met is None and context.target == "(context)"
+    assert len(ratios) == 4 * 6
+
+
+def test_a_round_without_a_point_is_left_out_of_the_median() -> None:
+    rep = _three_rounds()
+    rep.points = [p for p in rep.points if not (p.round == 2 and p.system.startswith("infinity"))]
+    ratios = {r.name: r for r in ratios_over_rounds(rep, ["service"])}
+    median = ratios["service W1 c=8 req/s ÷ Infinity's best"]
+    assert median.value == 1.2 and median.detail == "median of 2 of 3 rounds (1.20, n/a, 1.20)"
+    assert ratios["round 2: service W1 c=8 req/s ÷ Infinity's best"].value is None
+
+
+def test_render_of_several_rounds_has_a_round_column_and_says_how_to_read_it() -> None:
+    rep = _three_rounds()
+    rep.ratios = ratios_over_rounds(rep, ["service"])
+    text = render(rep, None)
+    assert "| system | round | workload |" in text
+    assert "| service | 2 | W1 | 8 | 1 | 40.0 |" in text
+    assert "started and measured 3 times" in text and "round 3: service W1" in text
+    plain = render(_report(), None)
+    assert "| round |" not in plain and "started and measured" not in plain
+    assert all(line.count("|") == 15 for line in points_table(rep.points, with_round=True).splitlines())

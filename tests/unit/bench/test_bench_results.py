@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +90,27 @@ def test_retry_disturbed_keeps_the_least_disturbed_point() -> None:
         lambda: (summarize("s", "W1", 1, 1, 1.0, [0.01], 0, other_load=next(quiet)), []), 0.1, 2
     )
     assert taken == 1
+
+
+def test_points_keep_their_round_and_old_results_load_as_round_one(tmp_path: Path) -> None:
+    rep = RunReport("python -m bench run --rounds 2", {"nproc": 2}, {}, {"texts": 10})
+    rep.systems += [
+        SystemInfo("inprocess-onnx", "inprocess", "onnx", ran=True),
+        SystemInfo("service", "service", "svc", ran=True),
+    ]
+    first = summarize("service", "W1", 8, 1, 2.0, [0.01, 0.02], 0)
+    rep.points += [summarize("inprocess-onnx", "b1", 1, 1, 1.0, [0.01], 0), first, replace(first, round=2)]
+    assert rep.rounds == 2
+    second = rep.in_round(2)
+    assert [(p.system, p.round) for p in second.points] == [("inprocess-onnx", 1), ("service", 2)]
+    assert second.systems == rep.systems and rep.in_round(1).point("service", "W1") == first
+    path = tmp_path / "results.json"
+    rep.save(path)
+    assert [p.round for p in RunReport.load(path).points] == [1, 1, 2]
+    # results.json written before rounds existed: every point is round 1
+    raw = json.loads(path.read_text())
+    for point in raw["points"]:
+        del point["round"]
+    path.write_text(json.dumps(raw))
+    old = RunReport.load(path)
+    assert [p.round for p in old.points] == [1, 1, 1] and old.rounds == 1
