@@ -28,9 +28,13 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
     systems = sorted({p.system for p in points if not p.system.startswith("inprocess-")})
     colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
+
+    def levels(workload: str) -> str:
+        return ", ".join(str(c) for c in sorted({p.concurrency for p in points if p.workload == workload}))
+
     panels = (
-        (axes[0], "W1", "req/s", "W1: one text per request (closed loop, c = 1, 8, 32)"),
-        (axes[1], "W2", "seq/s", "W2: 32 texts per request"),
+        (axes[0], "W1", "req/s", f"W1: one text per request (closed loop, c = {levels('W1')})"),
+        (axes[1], "W2", "seq/s", f"W2: several texts per request (c = {levels('W2')})"),
     )
     for ax, workload, unit, label in panels:
         labelled: set[str] = set()
