@@ -100,9 +100,7 @@ def _compare(
     if a is None or not b:
         return Ratio(name, None, want, None, detail)
     value = round(a / b, 2)
-    if target is None:
-        return Ratio(name, value, want, None, detail)
-    return Ratio(name, value, want, value >= target if higher_is_better else value <= target, detail)
+    return Ratio(name, value, want, _meets(value, want), detail)
 
 
 def _best(report: RunReport, kind: str, workload: str, metric: str, conc: int | None = None) -> Named:
@@ -202,7 +200,8 @@ def ratios_over_rounds(report: RunReport, service_names: Sequence[str], **kwargs
 
 
 def _meets(value: float, target: str) -> bool | None:
-    """``value`` against a target written as ``>= 2`` or ``<= 1``; None for context rows."""
+    """``value`` against a target as the tables write it (``>= 2``, ``<= 1``); None for context rows.
+    The one place a ratio is judged: within a round and for the median over rounds."""
     op, _, bound = target.partition(" ")
     if op == ">=":
         return value >= float(bound)
