@@ -169,6 +169,7 @@ class ExpectedCompany:
     peak: int = 0  # the most in flight at once in the current horizon
     last_peak: int = 0  # ...and in the one before it
     since: float = -math.inf  # when the current horizon began
+    answered_at: float = -math.inf  # when the last group was answered
 
     def arrived(self, in_flight: int, now: float) -> None:
         """A request arrived; ``in_flight`` counts it and every other request in the replica."""
@@ -179,14 +180,28 @@ class ExpectedCompany:
             self.since = now
         self.peak = max(self.peak, in_flight)
 
+    def answered(self, members: int, now: float) -> None:
+        """A group of ``members`` requests was answered: their clients may send again."""
+        self.running -= members
+        self.answered_at = now
+
+    def wait_s(self, in_flight: int, now: float, window_s: float) -> float:
+        """The grouping window for a request arriving now: wait for company only while some can come.
+
+        That is while other requests are in flight (their clients' next requests join a group), or just
+        after a group was answered when more requests than this one were lately in flight at once:
+        closed-loop clients come back one by one, and the first one back must not leave alone (single
+        texts at concurrency 8: a third of the rounds split in two that way, 181-186 -> 191-193 req/s).
+        A request alone otherwise leaves at once: sparse traffic gains nothing from waiting, and waiting
+        on every lone request cost 7 ms of p50 at 20 req/s of random arrivals.
+        """
+        if in_flight > 1:
+            return window_s
+        returning = now - self.answered_at <= window_s and max(self.peak, self.last_peak) > 1
+        return window_s if returning else 0.0
+
     def cap(self, ceiling: int) -> int:
         """Members at which a group forming now is full: between 1 and ``ceiling``."""
         if self.running:
             return ceiling
         return max(1, min(ceiling, max(self.peak, self.last_peak)))
-
-
-def group_wait_s(others_in_flight: int, window_s: float) -> float:
-    """The ingress's grouping window for a new request: wait for company only while other requests are
-    in flight (their clients' next requests are what joins a group); alone, leave at once."""
-    return window_s if others_in_flight > 0 else 0.0

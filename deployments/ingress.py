@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from deployments.accounting import RequestAccounting
-from deployments.batching import ExpectedCompany, group_wait_s
+from deployments.batching import ExpectedCompany
 from deployments.config import IngressConfig, LimitsConfig, ObservabilityConfig
 from deployments.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.http_errors import (
@@ -147,12 +147,13 @@ class Ingress:
         self._in_flight += 1
         if self._config.adaptive_wait:
             # Serve reads both when a group's first member is taken: they hold for that group.
-            self._company.arrived(self._in_flight, time.monotonic())
+            now = time.monotonic()
+            self._company.arrived(self._in_flight, now)
             cap = self._company.cap(self._config.max_group_size)
             if cap != self._group_cap:  # Serve's setter also checks the replica's config: only on change
                 self._group_cap = cap
                 self._pipeline.set_max_batch_size(cap)
-            wait = group_wait_s(self._in_flight - 1, self._config.group_wait_timeout_s)
+            wait = self._company.wait_s(self._in_flight, now, self._config.group_wait_timeout_s)
             self._pipeline.set_batch_wait_timeout_s(wait)
         try:
             result = await asyncio.wait_for(self._pipeline(job), timeout)
@@ -194,7 +195,7 @@ class Ingress:
         try:
             return await self._in_lanes(jobs)
         finally:
-            self._company.running -= len(jobs)
+            self._company.answered(len(jobs), time.monotonic())
 
     async def _in_lanes(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
         first = jobs[0].version

@@ -10,7 +10,6 @@ from deployments.batching import (
     AdaptiveWaitWindow,
     BatchLimits,
     ExpectedCompany,
-    group_wait_s,
     is_out_of_memory,
     padding_efficiency,
     plan_micro_batches,
@@ -156,11 +155,37 @@ def test_unrecoverable_device_errors(message, expected):
     assert is_unrecoverable_device_error(RuntimeError(message)) is expected
 
 
-def test_group_wait_only_while_others_are_in_flight():
-    # Alone in the replica, nothing can join the group soon: it leaves at once (a maximum, never a minimum).
-    assert group_wait_s(0, 0.008) == 0.0
-    assert group_wait_s(1, 0.008) == 0.008
-    assert group_wait_s(31, 0.008) == 0.008
+def test_group_waits_while_others_are_in_flight():
+    company = ExpectedCompany()
+    company.arrived(2, now=10.0)
+    assert company.wait_s(2, now=10.0, window_s=0.008) == 0.008
+    assert company.wait_s(32, now=10.0, window_s=0.008) == 0.008
+
+
+def test_a_lone_request_leaves_at_once_when_no_company_is_coming():
+    # A maximum, never a minimum: alone in the replica with nobody about to return, it does not wait.
+    company = ExpectedCompany()
+    company.arrived(1, now=10.0)
+    assert company.wait_s(1, now=10.0, window_s=0.008) == 0.0
+    # One client alone (concurrency 1): its own answer just went out, but nobody else is coming.
+    company.running = 1
+    company.answered(1, now=10.01)
+    company.arrived(1, now=10.012)
+    assert company.wait_s(1, now=10.012, window_s=0.008) == 0.0
+
+
+def test_the_first_client_back_after_a_group_waits_for_the_others():
+    company = ExpectedCompany()
+    for in_flight in range(1, 9):  # eight closed-loop clients in one group
+        company.arrived(in_flight, now=10.0)
+    company.running = 8
+    company.answered(8, now=10.03)
+    assert company.running == 0
+    company.arrived(1, now=10.032)  # the first one back is alone in the replica for a moment
+    assert company.wait_s(1, now=10.032, window_s=0.008) == 0.008
+    assert company.cap(64) == 8  # ...and its group leaves as soon as all eight are in
+    # Long after the last answer a lone arrival is sparse traffic again: no wait.
+    assert company.wait_s(1, now=10.5, window_s=0.008) == 0.0
 
 
 def test_a_group_is_full_once_every_recent_client_is_in():
