@@ -217,8 +217,9 @@ class IngressConfig(_Frozen):
     adaptive_wait: bool = Field(
         default=True,
         description="Wait only while company can still come: a request alone (nothing else in "
-        "flight) leaves at once, and while no group is running a group leaves as soon as it holds "
-        "as many requests as were lately in flight at once.",
+        "flight) leaves at once unless the clients of a group answered within the window are "
+        "coming back, and while no group is running a group leaves as soon as it holds as many "
+        "requests as were lately in flight at once.",
     )
 
 
