@@ -180,6 +180,10 @@ class ExpectedCompany:
             self.since = now
         self.peak = max(self.peak, in_flight)
 
+    def started(self, members: int) -> None:
+        """A group of ``members`` requests left: their clients cannot send again until answered."""
+        self.running += members
+
     def answered(self, members: int, now: float) -> None:
         """A group of ``members`` requests was answered: their clients may send again."""
         self.running -= members

@@ -191,7 +191,7 @@ class Ingress:
         anyway), so members whose client left are dropped before they cost model time. Each request
         comes back with its own result or its own error.
         """
-        self._company.running += len(jobs)  # their clients cannot send again until answered
+        self._company.started(len(jobs))
         try:
             return await self._in_lanes(jobs)
         finally:

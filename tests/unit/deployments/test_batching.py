@@ -168,7 +168,7 @@ def test_a_lone_request_leaves_at_once_when_no_company_is_coming():
     company.arrived(1, now=10.0)
     assert company.wait_s(1, now=10.0, window_s=0.008) == 0.0
     # One client alone (concurrency 1): its own answer just went out, but nobody else is coming.
-    company.running = 1
+    company.started(1)
     company.answered(1, now=10.01)
     company.arrived(1, now=10.012)
     assert company.wait_s(1, now=10.012, window_s=0.008) == 0.0
@@ -178,7 +178,7 @@ def test_the_first_client_back_after_a_group_waits_for_the_others():
     company = ExpectedCompany()
     for in_flight in range(1, 9):  # eight closed-loop clients in one group
         company.arrived(in_flight, now=10.0)
-    company.running = 8
+    company.started(8)
     company.answered(8, now=10.03)
     assert company.running == 0
     company.arrived(1, now=10.032)  # the first one back is alone in the replica for a moment
