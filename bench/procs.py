@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,10 +24,45 @@ class StartError(RuntimeError):
     """A server under test did not come up; the message says why (and where its log is)."""
 
 
+# Ports are picked from below the kernel's ephemeral range: a port from bind(0) lies inside it, where any
+# process may take it again (an outgoing connection, a Ray gRPC server on port 0) before the server under
+# test binds it. That happened: HAProxy's stats port, picked that way, was taken during a service's start.
+# The floor stays above Ray's worker ports (10002-19999 by default).
+PICK_FLOOR = 20000
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_handed_out: set[int] = set()  # not reserved by the kernel: never hand the same port out twice
+
+
+def ephemeral_floor() -> int:
+    """The lowest port the kernel hands out on its own (Linux; 32768, its default, elsewhere)."""
+    try:
+        return int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A TCP port free now on every interface, below the ephemeral range, not handed out before."""
+    high = ephemeral_floor()
+    for _ in range(1000) if high - PICK_FLOOR >= 1000 else ():
+        port = random.randrange(PICK_FLOOR, high)
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:  # a narrow or odd port range: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _bindable(port: int) -> bool:
+    # Any address, as HAProxy's stats listener binds; SO_REUSEADDR as servers set it.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
 
 
 def start(

@@ -8,7 +8,6 @@ ingress replicas), plus a test classifier app and a deliberately broken app.
 from __future__ import annotations
 
 import copy
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.procs import free_port
 from tests.support.models import build_classifier, write_broken_embedder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +25,6 @@ APP = "textserve"
 CLASSIFY_APP = "classify"
 BROKEN_APP = "broken"
 DEPLOY_TIMEOUT_S = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServeHarness:
@@ -121,7 +115,7 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     import ray
     from ray import serve
 
-    port = _free_port()
+    port = free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"]["port"] = port
     # HAProxy's stats page and metrics listen on fixed ports (8404, 9101) by default: private ones here, so
@@ -129,8 +123,8 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     # (A config switched back to Serve's proxy, without controller_options, starts no HAProxy.)
     controller_env = ((config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars")
     if controller_env is not None:
-        controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(_free_port())
-        controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(_free_port())
+        controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
+        controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
     template = config["applications"][0]
     assert template["name"] == APP
     config["applications"].append(

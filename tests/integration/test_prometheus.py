@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
+from bench.procs import free_port
 from tests.integration.test_metrics import SD_FILE_NAME, ray_sd_content, ray_sd_file
 from tests.support.monitoring import alert_rules, write_local_config
 
@@ -25,12 +25,6 @@ SCRAPE_INTERVAL = "2s"
 START_TIMEOUT_S = 30.0
 POLL_TIMEOUT_S = 60.0
 T = TypeVar("T")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:
@@ -102,7 +96,7 @@ def prometheus(serve_harness: Any, tmp_path_factory: pytest.TempPathFactory) -> 
         sd_file = tmp / SD_FILE_NAME
         sd_file.write_text(json.dumps(ray_sd_content()))
     config = write_local_config(tmp / "config", sd_file, scrape_interval=SCRAPE_INTERVAL)
-    port = _free_port()
+    port = free_port()
     log = tmp / "prometheus.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(

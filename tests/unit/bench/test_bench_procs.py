@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+
+import pytest
 
 from bench import procs
 
@@ -28,3 +31,27 @@ def test_find_leftovers_finds_the_processes_of_a_session() -> None:
     finally:
         assert procs.stop(leader, grace_s=5.0) == []
     assert procs.find_leftovers(leader.pid) == []
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_are_never_repeated() -> None:
+    floor = procs.ephemeral_floor()
+    assert floor >= procs.PICK_FLOOR + 1000  # this machine's range leaves room below it
+    ports = [procs.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert all(procs.PICK_FLOOR <= p < floor for p in ports), ports
+    # Free on every interface, as HAProxy's stats listener binds.
+    for port in ports[:5]:
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", port))
+
+
+def test_a_port_held_on_loopback_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", procs.free_port()))
+        held.listen()
+        taken = held.getsockname()[1]
+        # Every random pick lands on the held port first, then on one that is free.
+        picks = iter([taken, taken, taken + 1])
+        monkeypatch.setattr(procs.random, "randrange", lambda lo, hi: next(picks))
+        procs._handed_out.discard(taken + 1)
+        assert procs.free_port() == taken + 1
