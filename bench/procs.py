@@ -19,6 +19,8 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from deployments.ports import is_free
+
 
 class StartError(RuntimeError):
     """A server under test did not come up; the message says why (and where its log is)."""
@@ -46,23 +48,12 @@ def free_port() -> int:
     high = ephemeral_floor()
     for _ in range(1000) if high - PICK_FLOOR >= 1000 else ():
         port = random.randrange(PICK_FLOOR, high)
-        if port not in _handed_out and _bindable(port):
+        if port not in _handed_out and is_free("0.0.0.0", port):  # any address, as HAProxy's stats bind
             _handed_out.add(port)
             return port
     with socket.socket() as s:  # a narrow or odd port range: let the kernel choose
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _bindable(port: int) -> bool:
-    # Any address, as HAProxy's stats listener binds; SO_REUSEADDR as servers set it.
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def start(
