@@ -48,8 +48,8 @@ RUN pip install --no-deps -e .
 # whose models the cluster serves too: a model that does not check out fails the build, not the rollout.
 RUN for dir in models/*/*/; do \
         if [ -f "${dir}manifest.json" ]; then \
-            python -m deployments.export_onnx --model "${dir%/}" \
-            && python -m deployments.export_onnx --model "${dir%/}" --precision fp16 || exit 1; \
+            python -m deployments.runtime.export_onnx --model "${dir%/}" \
+            && python -m deployments.runtime.export_onnx --model "${dir%/}" --precision fp16 || exit 1; \
         fi; \
     done \
-    && python -m deployments.check serve_config.yaml
+    && python -m deployments.tools.check serve_config.yaml

@@ -63,7 +63,7 @@ def _model_dir_for(backend: str, precision: str, model_dir: Path, work: Path) ->
     """The directory a variant loads: the HF weights for torch, an export made here for ONNX Runtime."""
     if backend == "torch":
         return model_dir
-    from deployments.export_onnx import export
+    from deployments.runtime.export_onnx import export
 
     out = work / f"onnx-{precision}"
     if not (out / "manifest.json").is_file():
@@ -142,8 +142,8 @@ def pack(dest: Path) -> Path:
     from safetensors.torch import load_file, save_file
 
     from deployments.config import ModelConfig
-    from deployments.manifest import sha256_of
-    from deployments.model_repo import resolve_model
+    from deployments.repository.manifest import sha256_of
+    from deployments.repository.resolve import resolve_model
 
     model = resolve_model(ModelConfig(), hash_files=True)
     target = dest / "model"

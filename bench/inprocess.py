@@ -42,8 +42,8 @@ MAX_CALLS = 1_000_000
 def load_model_dir(model_dir: Path, precision: str = "fp32") -> Any:
     """The ResolvedModel described by ``model_dir/manifest.json`` (checked, without hashing files); torch
     weights load in ``precision``."""
-    from deployments.manifest import ResolvedModel, load_manifest, weights_dir_of
-    from deployments.weights_check import check_weights
+    from deployments.repository.manifest import ResolvedModel, load_manifest, weights_dir_of
+    from deployments.repository.weights_check import check_weights
 
     path = (model_dir / "manifest.json").resolve()
     manifest = load_manifest(path)
@@ -58,15 +58,17 @@ def make_runner(
     model: Any, device: str = "cpu", threads: int | None = None, parallel: int = 1, graph: str = "eager"
 ) -> Any:
     try:
-        from deployments.backends import create_runner
+        from deployments.runtime.backends import create_runner
     except ImportError:  # before the backends module existed: torch only
         import torch
 
-        from deployments.model_runner import ModelRunner
+        from deployments.runtime.torch_runner import ModelRunner
         from preprocess.tokenize import pad_token_id
 
         if getattr(model.manifest, "format", "transformers") != "transformers":
-            raise RuntimeError("this checkout has no deployments.backends for non-torch models") from None
+            raise RuntimeError(
+                "this checkout has no deployments.runtime.backends for non-torch models"
+            ) from None
         return ModelRunner(model, torch.device("cpu"), pad_token_id(model.tokenizer_file))
     if (threads, parallel, graph) == (None, 1, "eager"):  # checkouts before these settings
         return create_runner(model, device=device)
@@ -105,7 +107,7 @@ def run_batch(runner: Any, sequences: list[Any], batch: int, max_tokens: int) ->
     pass, whichever run() signature the checkout has."""
     params = inspect.signature(runner.run).parameters
     if "limits" in params:
-        from deployments.batching import BatchLimits
+        from deployments.pipeline.batching import BatchLimits
 
         runner.run(sequences, BatchLimits(max_sequences=batch, max_tokens=max_tokens))
     else:

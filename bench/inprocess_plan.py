@@ -26,13 +26,21 @@ from bench.service import ROOT, load_config
 
 
 def ensure_onnx_export(model_dir: Path, log: Path) -> Path:
-    """``python -m deployments.export_onnx`` into .bench (re-done when the exporter changes)."""
+    """``python -m deployments.runtime.export_onnx`` into .bench (re-done when the exporter changes)."""
     out = WORK_DIR / "onnx-export" / "-".join(model_dir.resolve().parts[-2:])
     exporter = ROOT / "deployments" / "export_onnx.py"
     manifest = out / "manifest.json"
     if manifest.is_file() and exporter.is_file() and manifest.stat().st_mtime > exporter.stat().st_mtime:
         return out
-    cmd = [sys.executable, "-m", "deployments.export_onnx", "--model", str(model_dir), "--out", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deployments.runtime.export_onnx",
+        "--model",
+        str(model_dir),
+        "--out",
+        str(out),
+    ]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as f:
         done = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, timeout=900)

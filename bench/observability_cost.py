@@ -17,8 +17,8 @@ import logging
 import time
 
 from deployments.config import ObservabilityConfig
-from deployments.logs import configure_logging, set_request_id
-from deployments.tracing import Tracing
+from deployments.observability.logs import configure_logging, set_request_id
+from deployments.observability.tracing import Tracing
 
 
 def per_request_us(config: ObservabilityConfig, requests: int) -> tuple[float, float]:

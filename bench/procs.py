@@ -19,7 +19,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from deployments.ports import is_free
+from deployments.tools.ports import is_free
 
 
 class StartError(RuntimeError):

@@ -1,4 +1,5 @@
 """Ray Serve deployments: thin adapters over the pure stage code in preprocess/, postprocess/ and here.
 
-Import nothing here: ``deployments.manifest`` and ``deployments.config`` must stay importable without Ray.
+Import nothing here: ``deployments.repository.manifest`` and ``deployments.config`` must stay
+importable without Ray.
 """

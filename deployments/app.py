@@ -7,11 +7,11 @@ from typing import Any
 from ray.serve import Application
 
 from deployments.config import AppArgs
-from deployments.inference import InferenceDeployment
-from deployments.ingress import Ingress
-from deployments.lanes import Lane
-from deployments.model_repo import resolve_model
-from deployments.stages import SerializerDeployment, TokenizerDeployment
+from deployments.ingress.routing import Lane
+from deployments.ingress.server import Ingress
+from deployments.pipeline.inference import InferenceDeployment
+from deployments.pipeline.stages import SerializerDeployment, TokenizerDeployment
+from deployments.repository.resolve import resolve_model
 
 # Deployment name prefix per role. Names follow the role, not the version, so that a new stable version
 # is a rolling update of the same deployments (new replicas up and warm before old ones drain).

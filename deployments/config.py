@@ -39,7 +39,7 @@ class ModelConfig(_Frozen):
     backend: Literal["torch", "onnx"] = Field(
         default="torch",
         description="torch: <name>/<version>/manifest.json (Hugging Face weights); onnx: the export in "
-        "<name>/<version>/onnx/manifest.json (python -m deployments.export_onnx).",
+        "<name>/<version>/onnx/manifest.json (python -m deployments.runtime.export_onnx).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         default="auto", description="auto: CUDA when the replica has a GPU, CPU otherwise."
@@ -48,7 +48,8 @@ class ModelConfig(_Frozen):
         default="fp32",
         description="fp16/bf16 halve the model's memory and use a GPU's tensor cores (on a CPU fp16 is "
         "slow; bf16 needs bf16 instructions). torch: weights cast at load. onnx: fp32 or fp16, served "
-        "from the export in <version>/onnx-fp16/ (python -m deployments.export_onnx --precision fp16).",
+        "from the export in <version>/onnx-fp16/ "
+        "(python -m deployments.runtime.export_onnx --precision fp16).",
     )
 
     @model_validator(mode="after")

@@ -10,8 +10,8 @@ import numpy as np
 
 @dataclass(frozen=True, slots=True)
 class TraceContext:
-    """What a sampled request carries between stages (see deployments/tracing.py): its trace, its root
-    span and its request id. Unsampled requests carry None."""
+    """What a sampled request carries between stages (see deployments/observability/tracing.py): its
+    trace, its root span and its request id. Unsampled requests carry None."""
 
     trace_id: int
     span_id: int

@@ -2,7 +2,7 @@
 
 Every error a client can see is one of these classes. Each carries an OpenAI-style ``type`` and a
 stable ``code``; the HTTP status for each class is decided in exactly one place, the ingress
-(``deployments/http_errors.py``). Arguments stay positional so the exceptions pickle across Ray.
+(``deployments/ingress/errors.py``). Arguments stay positional so the exceptions pickle across Ray.
 """
 
 from __future__ import annotations

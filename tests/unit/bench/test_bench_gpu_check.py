@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from bench.gpu_check import VARIANTS, main, pack
-from deployments.manifest import load_manifest, weights_dir_of
-from deployments.weights_check import check_weights
+from deployments.repository.manifest import load_manifest, weights_dir_of
+from deployments.repository.weights_check import check_weights
 
 TRAVEL_LIMIT = 64 * 2**20  # what the device tool carries per call
 

@@ -11,7 +11,7 @@ from bench.corpus import build_corpus
 from bench.inprocess import RowPlan, measure_model, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
-from deployments.manifest import ResolvedModel
+from deployments.repository.manifest import ResolvedModel
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]
 LENGTHS = [3 + (i % 7) for i in range(70)]

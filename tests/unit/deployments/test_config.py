@@ -22,7 +22,7 @@ from deployments.config import (
     SerializerConfig,
     resolve_path,
 )
-from deployments.model_repo import resolve_model
+from deployments.repository.resolve import resolve_model
 
 SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
 DEPLOYMENT_NAMES = {"Ingress", "Tokenizer", "Inference", "Serializer"}
@@ -114,7 +114,7 @@ def test_deployment_names_exact(app):
 def test_deployment_names_match_code():
     """Each yaml name is a ``@serve.deployment(name=...)`` in deployments/ (read with ast: no torch)."""
     found = set()
-    for source in (PROJECT_ROOT / "deployments").glob("*.py"):
+    for source in (PROJECT_ROOT / "deployments").rglob("*.py"):
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "serve.deployment":
                 for kw in node.keywords:

@@ -16,9 +16,9 @@ from jsonschema import Draft7Validator, FormatChecker
 from packaging.specifiers import SpecifierSet
 from pydantic import BaseModel
 
-from deployments.check import BUILDER, USER_CONFIGS
 from deployments.config import AppArgs
-from deployments.k8s_manifest import load_yaml, render_files
+from deployments.tools.check import BUILDER, USER_CONFIGS
+from deployments.tools.k8s_manifest import load_yaml, render_files
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD_DIR = ROOT.parent / "shared" / "kuberay"
@@ -172,7 +172,7 @@ def _strip(config: dict[str, Any], patch: dict[str, Any]) -> None:
 def test_committed_rayservice_is_what_the_generator_makes() -> None:
     committed = (ROOT / "k8s/rayservice.yaml").read_text()
     assert committed == render_files(ROOT), (
-        "k8s/rayservice.yaml drifted: python -m deployments.k8s_manifest --write"
+        "k8s/rayservice.yaml drifted: python -m deployments.tools.k8s_manifest --write"
     )
 
 
@@ -231,7 +231,7 @@ def test_dockerfile_base_image_carries_the_installed_ray() -> None:
     assert ray_version == version("ray")
     assert f'"ray[serve]=={ray_version}"' in (ROOT / "pyproject.toml").read_text()
     assert SpecifierSet(_pyproject("requires-python")).contains(f"3.{python_minor}")
-    assert "deployments.export_onnx" in dockerfile and "HF_HUB_OFFLINE=1" in dockerfile
+    assert "deployments.runtime.export_onnx" in dockerfile and "HF_HUB_OFFLINE=1" in dockerfile
     # Both exports are baked, so switching the cluster to fp16 is a config change (model.precision).
     assert "--precision fp16" in dockerfile
 

@@ -1,0 +1,1 @@
+"""Where a request enters: the HTTP ingress, its error mapping, admission and routing to a model."""

@@ -1,0 +1,1 @@
+"""Logs, metrics, traces and profiling, set up once per replica."""

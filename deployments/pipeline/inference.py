@@ -1,0 +1,246 @@
+"""The batched inference deployment: ``@serve.batch`` over a backend runner (torch or ONNX Runtime).
+
+Batches are bounded by sequences and by padded tokens; inside a batch the runner sorts by length
+and cuts micro-batches. The wait window adapts to load, within configured bounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+from deployments.config import BatchingConfig, ObservabilityConfig, RuntimeConfig
+from deployments.observability.metrics import GpuMonitor, InferenceMetrics
+from deployments.observability.profiling import BatchProfiler
+from deployments.observability.setup import setup_replica
+from deployments.pipeline.batching import AdaptiveWaitWindow, BatchLimits
+from deployments.pipeline.group_runner import Answers, Group, GroupRun, device_gone, run_groups
+from deployments.repository.manifest import ResolvedModel
+from deployments.repository.resolve import recheck_on_replica
+from deployments.runtime.backends import create_runner
+from postprocess.contracts import ModelIdentity, ModelOutput
+from preprocess.contracts import EncodedTexts
+from preprocess.errors import ServiceError
+
+log = logging.getLogger("textserve.inference")
+
+_DEFAULTS = BatchingConfig()
+FAULT_INJECTION_ENV = "TEXTSERVE_FAULT_INJECTION"
+
+
+class _ReplicaLimits:
+    """``@serve.batch``'s ``batch_size_fn`` is a plain function, so the limits it reads live here.
+    Ray Serve runs one replica per process, so this is per replica; ``reconfigure`` updates it."""
+
+    limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
+
+
+@dataclass(slots=True, eq=False)
+class QueuedGroup:
+    """A group waiting in this replica's batch queue (in-process only)."""
+
+    group: Group
+    arrived_s: float  # perf_counter, for the queue-wait metric
+    arrived_ns: int  # epoch ns, for trace spans (shared clock across processes)
+    started: bool = False
+
+    @property
+    def requests(self) -> int:
+        return sum(isinstance(e, EncodedTexts) for e in self.group)
+
+
+def batch_size(queued: list[QueuedGroup]) -> int:
+    limits = _ReplicaLimits.limits
+    groups = [q.group for q in queued]
+    encoded = [e for group in groups for e in group if isinstance(e, EncodedTexts)]
+    if not encoded:
+        return 1
+    size = limits.size_of(sum(len(e) for e in encoded), max(e.longest for e in encoded))
+    # A lone group over the budget must still run (alone), never be refused by the batch queue.
+    return min(size, limits.max_sequences) if len(groups) == 1 else size
+
+
+@serve.deployment(name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128)
+class InferenceDeployment:
+    def __init__(
+        self, model: ResolvedModel, device: str, runtime: RuntimeConfig, observability: ObservabilityConfig
+    ) -> None:
+        self._tracing = setup_replica(observability)
+        profile = runtime.torch_profiler
+        self._profiler = BatchProfiler(profile.enabled, profile.out_dir, profile.batches)
+        if runtime.cuda_alloc_conf:
+            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", runtime.cuda_alloc_conf)
+        recheck_on_replica(model, runtime.verify_checksums)
+        manifest = model.manifest
+        self._identity = ModelIdentity(name=manifest.name, version=manifest.version)
+        self._labels = tuple(manifest.output.labels or ())
+        self._runner = create_runner(
+            model,
+            device,
+            threads=runtime.intra_op_threads,
+            cache_release_fraction=runtime.cuda_cache_release_fraction,
+            parallel_passes=runtime.parallel_passes,
+            graph=runtime.torch_graph,
+        )
+        # One thread runs the model so the event loop keeps admitting requests into the next batch.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._apply(_DEFAULTS)
+        self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
+        self._metrics = InferenceMetrics(
+            {
+                "model": manifest.name,
+                "version": manifest.version,
+                "backend": self._runner.backend,
+                "device": self._runner.device_name,
+            }
+        )
+        self._gpu = GpuMonitor()
+        self._stats = {
+            "batches": 0,
+            "sequences": 0,
+            "real_tokens": 0,
+            "padded_tokens": 0,
+            "isolated_failures": 0,
+        }
+        log.info(
+            "model %s v%s ready: %s %s %s on %s",
+            manifest.name,
+            manifest.version,
+            self._runner.backend,
+            model.precision,
+            self._runner.graph,
+            self._runner.device_name,
+        )
+
+    def _apply(self, config: BatchingConfig) -> None:
+        self._batching = config
+        self._limits = BatchLimits(config.micro_batch_size, config.micro_batch_tokens)
+        _ReplicaLimits.limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
+        self._window = AdaptiveWaitWindow(config.batch_wait_timeout_s, config.min_wait_s, config.max_wait_s)
+        self._infer_batch.set_max_batch_size(config.max_batch_size)
+        self._infer_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+
+    def reconfigure(self, user_config: dict[str, Any]) -> None:
+        self._apply(BatchingConfig.model_validate(user_config))
+
+    async def infer(self, group: Group) -> Answers:
+        queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
+        self._metrics.queue_changed(queued.requests)
+        try:
+            return await self._infer_batch(queued)
+        finally:
+            if not queued.started:  # cancelled (its client left) before its batch started
+                self._metrics.queue_changed(-queued.requests)
+
+    @serve.batch(
+        max_batch_size=_DEFAULTS.max_batch_size,
+        batch_wait_timeout_s=_DEFAULTS.batch_wait_timeout_s,
+        batch_size_fn=batch_size,
+    )
+    async def _infer_batch(self, queued: list[QueuedGroup]) -> list[Answers]:
+        # Errors are answers here: a failing batch is retried request by request (run_groups), and an
+        # exception that still escapes fails every future of this batch (Serve sets it on each).
+        start = time.perf_counter()
+        for q in queued:
+            q.started = True
+            self._metrics.queue_wait_ms.observe((start - q.arrived_s) * 1000.0)
+        self._metrics.queue_changed(-sum(q.requests for q in queued))
+        start_ns = time.time_ns()
+        groups = [q.group for q in queued]
+        if self._runner.fatal_error is not None:  # the device is gone: refuse (retryable) until replaced
+            gone = device_gone()
+            return [[m if isinstance(m, ServiceError) else gone for m in group] for group in groups]
+        loop = asyncio.get_running_loop()
+        run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
+        if any(e.trace is not None for q in queued for e in q.group if isinstance(e, EncodedTexts)):
+            self._trace_batch(queued, start_ns, time.time_ns(), run.sequences)
+        if run.sequences:
+            self._metrics.record_batch(
+                run.sequences, run.padded_tokens, run.real_tokens, time.perf_counter() - start
+            )
+            self._after_batch(run.sequences, run.real_tokens, run.padded_tokens)
+        self._stats["isolated_failures"] += run.isolated_failures
+        return run.answers
+
+    def _run_on_model_thread(self, groups: list[Group]) -> GroupRun:
+        with self._profiler.batch():  # a no-op unless runtime.torch_profiler.enabled
+            return run_groups(self._runner, groups, self._limits, self._output)
+
+    def _trace_batch(self, queued: list[QueuedGroup], start_ns: int, end_ns: int, sequences: int) -> None:
+        for q in queued:
+            for e in q.group:
+                if isinstance(e, EncodedTexts) and e.trace is not None:
+                    self._tracing.record_span(e.trace, "queue_wait", q.arrived_ns, start_ns)
+                    self._tracing.record_span(
+                        e.trace, "inference", start_ns, end_ns, {"batch_sequences": sequences}
+                    )
+
+    def _output(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
+        return ModelOutput(
+            model=self._identity,
+            task=self._runner.task,
+            values=values,
+            token_count=encoded.token_count,
+            labels=self._labels,
+            truncated=encoded.truncated,
+            trace=encoded.trace,
+        )
+
+    def _after_batch(self, sequences: int, real_tokens: int, padded_tokens: int) -> None:
+        stats = self._stats
+        stats["batches"] += 1
+        stats["sequences"] += sequences
+        stats["real_tokens"] += real_tokens
+        stats["padded_tokens"] += padded_tokens
+        if self._batching.adaptive_wait:
+            self._infer_batch.set_batch_wait_timeout_s(
+                self._window.observe(sequences, _ReplicaLimits.limits.max_sequences)
+            )
+
+    def batching(self) -> dict[str, Any]:
+        """Settings in force, live state and counters; the pid shows reconfigure needs no restart."""
+        padded = self._stats["padded_tokens"]
+        return {
+            **self._batching.model_dump(),
+            "current_wait_s": self._window.current_s,
+            "current_cap": self._runner.cap.current,
+            "batch_queue_limits": [_ReplicaLimits.limits.max_sequences, _ReplicaLimits.limits.max_tokens],
+            "padding_efficiency": self._stats["real_tokens"] / padded if padded else 1.0,
+            **self._stats,
+            "backend": self._runner.backend,
+            "device": self._runner.device_name,
+            "pid": os.getpid(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "waiting": self._metrics.waiting,
+        }
+
+    def inject_device_error(self, message: str) -> int:
+        """Fault injection for drills and tests: the next forward pass raises ``message`` as a device
+        error would. Refused unless the replica runs with TEXTSERVE_FAULT_INJECTION=1. Returns the pid."""
+        if os.environ.get(FAULT_INJECTION_ENV) != "1":
+            raise PermissionError(
+                f"fault injection is off (set {FAULT_INJECTION_ENV}=1 in the replica's env)"
+            )
+        self._runner.injected_error = RuntimeError(message)
+        log.warning("fault injected: the next batch raises %r", message)
+        return os.getpid()
+
+    def check_health(self) -> None:
+        """Ray Serve calls this periodically; raising marks the replica unhealthy and replaces it."""
+        if self._runner.fatal_error is not None:
+            raise RuntimeError(
+                f"unrecoverable device error, replica must be replaced: {self._runner.fatal_error}"
+            )
+
+    def ready(self) -> ModelIdentity:
+        """Answered only once __init__ (load + warm-up) has finished."""
+        return self._identity

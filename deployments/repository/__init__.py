@@ -1,0 +1,1 @@
+"""The model repository: manifests, resolving a configured model, checking its weights."""

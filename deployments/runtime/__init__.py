@@ -1,0 +1,1 @@
+"""Where a model runs: backend runners (torch, ONNX Runtime), traced graphs and the ONNX export."""

@@ -1,0 +1,91 @@
+"""The torch backend: a Hugging Face model in ``torch.inference_mode`` on CPU or CUDA. No Ray."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+
+from deployments.repository.manifest import ManifestError, ResolvedModel
+from deployments.runtime.runner_base import BatchRunner
+from deployments.runtime.torch_graph import eager_head, traced_head
+
+
+def pick_device(requested: str) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+log = logging.getLogger("textserve.runner")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated, slowly."""
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+class ModelRunner(BatchRunner):
+    backend = "torch"
+
+    def __init__(
+        self,
+        model: ResolvedModel,
+        device: torch.device,
+        pad_id: int,
+        cache_release_fraction: float = 0.9,
+        graph: str = "eager",
+    ) -> None:
+        if graph not in ("eager", "trace"):
+            raise ValueError(f"torch_graph must be eager or trace, not {graph!r}")
+        super().__init__(model, pad_id)
+        self.device = device
+        self._cache_release_fraction = cache_release_fraction
+        cls = AutoModel if self.task == "embed" else AutoModelForSequenceClassification
+        self.model = (
+            cls.from_pretrained(str(model.weights_dir), dtype=DTYPES[model.precision]).to(device).eval()
+        )
+        self._check_loaded()
+        if device.type == "cpu" and model.precision == "bf16" and not cpu_has_bf16():
+            log.warning("precision bf16 on a CPU without bf16 instructions runs slowly: set precision fp32")
+        m = model.manifest
+        if graph == "trace":
+            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device)
+        else:
+            self._head = eager_head(self.model, self.task, m.pooling, m.normalize)
+        self.graph = graph
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device)
+
+    def _check_loaded(self) -> None:
+        # The weights as loaded, not just their config file, must fit the manifest's output signature.
+        config = self.model.config
+        have = config.hidden_size if self.task == "embed" else config.num_labels
+        if have != self.output_size:
+            field = "output.dimension" if self.task == "embed" else "output.labels"
+            raise ManifestError(field, f"loaded model gives {have}", self.model_info.manifest_path)
+
+    @torch.inference_mode()
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        input_ids = torch.from_numpy(ids).to(self.device, non_blocking=True)
+        attention = torch.from_numpy(mask).to(self.device, non_blocking=True)
+        return self._head(input_ids, attention).cpu().numpy()
+
+    def _release_memory(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _after_batch(self) -> None:
+        # Releasing the allocator cache on every batch costs a sync and re-allocation: only above a threshold.
+        if self.device.type != "cuda":
+            return
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        if torch.cuda.memory_reserved(self.device) > self._cache_release_fraction * total:
+            torch.cuda.empty_cache()

@@ -1,0 +1,1 @@
+"""Command-line tools: the preflight check, the KubeRay manifest generator, port checks."""
