@@ -6,13 +6,14 @@ import argparse
 import shlex
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import infinity
 from bench.service import PROXY_ENV, ROOT, ServiceVariant, parse_env_pair, parse_service
 
 WORK_DIR = ROOT / ".bench"
+OPEN_LOOP_RATES, OPEN_LOOP_RATES_QUICK = [10, 20, 30, 40, 60], [10, 30]  # W3's offered req/s
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
 SYSTEM_CHOICES = ("naive-fastapi", *(c.label for c in infinity.CONFIGS))
 # The same config on Ray Serve's Python proxy instead of its high-throughput mode (HAProxy, direct ingress,
@@ -52,6 +53,8 @@ class Options:
     quiet_wait_s: float
     doc: Path | None = None
     rounds: int = 1  # run only: each HTTP system started and measured this many times
+    open_loop_rates: list[int] = field(default_factory=list)  # run only: W3's offered rates (req/s)
+    open_loop_p99_ms: float = 500.0  # run only: a rate is sustained only with p99 within this
     # ramp only
     system: str = ""
     texts_per_request: int = 1
@@ -175,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--w2-concurrency", type=concurrency_list, default=None, help="default 4")
     run.add_argument("--w2-texts", type=int, default=32, help="texts per request in W2 (default 32)")
     run.add_argument(
+        "--open-loop-rates",
+        type=concurrency_list,
+        default=None,
+        help="req/s offered in W3, Poisson arrivals of single texts (default 10,20,30,40,60; --quick: 10,30)",
+    )
+    run.add_argument("--no-open-loop", action="store_true", help="skip the open-loop workload W3")
+    run.add_argument("--open-loop-p99-ms", type=float, default=500.0, help="W3: sustained needs p99 <= this")
+    run.add_argument(
         "--rounds",
         type=_positive,
         default=1,
@@ -258,6 +269,10 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         doc=ns.doc if is_run else None,
         rounds=ns.rounds if is_run else 1,
     )
+    if is_run and not ns.no_open_loop:
+        rates = ns.open_loop_rates or (OPEN_LOOP_RATES_QUICK if ns.quick else OPEN_LOOP_RATES)
+        opts.open_loop_rates = sorted(set(rates))
+        opts.open_loop_p99_ms = ns.open_loop_p99_ms
     if not is_run:
         opts.system = ns.system
         opts.texts_per_request = ns.texts_per_request

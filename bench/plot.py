@@ -109,3 +109,52 @@ def plot_curve(points: Sequence[Point], path: Path, title: str, x_unit: str = "s
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_open_loop(points: Sequence[Point], path: Path, title: str = "") -> Path:
+    """The open-loop workload (W3): p50 and p99 against the offered rate, one colour per system and one
+    curve per start of it; a rate the system did not sustain is drawn as an open marker, and the p99
+    bound of "sustained" as a grey line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.openloop import WORKLOAD, sustained
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    series = _series(points, WORKLOAD)  # by (system, round), in order of offered rate
+    systems = sorted({system for system, _ in series})
+    colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
+    labelled: set[str] = set()
+    for (system, round_no), curve in series.items():
+        color = colors[system]
+        first = system not in labelled
+        labelled.add(system)
+        p50, p99 = (f"{system} p50", f"{system} p99") if first else (f"_r{round_no}", f"_r{round_no}")
+        xs = [p.concurrency for p in curve]  # the offered rate
+        ax.plot(xs, [p.p50_ms for p in curve], "-", color=color, label=p50)
+        ax.plot(xs, [p.p99_ms for p in curve], "--", color=color, alpha=0.7, label=p99)
+        for p in curve:
+            face = color if sustained(p) else "none"
+            ax.plot([p.concurrency], [p.p50_ms], "o", color=color, markerfacecolor=face)
+            ax.plot([p.concurrency], [p.p99_ms], "s", color=color, markerfacecolor=face, alpha=0.7)
+    bounds = {p.setting.get("p99_bound_ms") for p in points if p.workload == WORKLOAD} - {None}
+    for bound in bounds:
+        ax.axhline(float(bound), color="grey", linestyle=":", label=f"p99 bound {bound:g} ms")
+    ax.set_title(
+        "W3: open loop, Poisson arrivals of single texts (open marker: rate not sustained)", fontsize=10
+    )
+    ax.set_xlabel("offered rate (req/s)")
+    ax.set_ylabel("latency (ms)")
+    ax.set_yscale("log")
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import infinity, loadgen, machine, report, systems
+from bench import infinity, loadgen, machine, openloop, openloop_report, ratios, report, systems
 from bench.cli import WORK_DIR, Options
 from bench.corpus import Corpus, batches, build_corpus
 from bench.inprocess_plan import run_inprocess, served_torch_spec
@@ -28,6 +28,7 @@ from bench.results import Point, RunReport, SystemInfo, retry_disturbed
 from bench.service import ROOT, load_config
 
 CHECK_TEXTS = 8
+OPEN_LOOP_PLOT = "open-loop.png"  # beside plot.png
 
 
 def ensure_work_dir() -> Path:
@@ -151,12 +152,46 @@ def measure_server(
             if errors:
                 where = f"round {round_no} " if opts.rounds > 1 else ""
                 info.reason += f"{where}{workload} c={conc} errors, e.g. {errors[0][:160]}. "
+        measure_open_loop(opts, rep, info, server, target, corpus, round_no)
         info.ran = True
     except Exception as exc:  # one system failing must not stop the others
         info.reason += f"{type(exc).__name__}: {exc}"
         print(f"{info.name}: FAILED: {exc}", file=sys.stderr, flush=True)
     finally:
         server.stop()
+
+
+def measure_open_loop(
+    opts: Options,
+    rep: RunReport,
+    info: SystemInfo,
+    server: systems.Server,
+    target: loadgen.Target,
+    corpus: Corpus,
+    round_no: int,
+) -> None:
+    """W3 on a started ``server``: single texts of the corpus (mixed lengths) arriving as a Poisson
+    process at each offered rate, lowest first; each point judged sustained or not (``openloop.judge``)."""
+    requests = loadgen.encode_requests(target, [[t] for t in corpus.texts])
+    timing = loadgen.Timing(opts.warmup_s, opts.duration_s, opts.request_timeout_s)
+    for rate in opts.open_loop_rates:
+
+        def once(rate: int = rate) -> tuple[Point, list[str]]:
+            if opts.quiet_wait_s > 0:
+                machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
+            return openloop.measure(
+                info.name, target, requests, rate, timing, opts.seed, opts.open_loop_p99_ms, server.session_id
+            )
+
+        point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
+        if taken > 1:
+            print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
+        point = replace(point, round=round_no)
+        rep.points.append(point)
+        print(openloop_report.open_loop_row(point), flush=True)
+        if errors:
+            where = f"round {round_no} " if opts.rounds > 1 else ""
+            info.reason += f"{where}{openloop.WORKLOAD} {rate} req/s errors, e.g. {errors[0][:160]}. "
 
 
 def measure_rounds(
@@ -209,20 +244,25 @@ def _config_or_error(path: Path) -> Any:
 
 
 def write_outputs(rep: RunReport, out: Path, doc: Path | None = None) -> None:
-    from bench.plot import plot_run
+    from bench.plot import plot_open_loop, plot_run
 
     out.mkdir(parents=True, exist_ok=True)
     rep.save(out / "results.json")
-    plotted = any(p.workload in ("W1", "W2") for p in rep.points)
-    if plotted:
-        plot_run(rep.points, out / "plot.png", title=rep.command)
-    else:
-        (out / "plot.png").unlink(missing_ok=True)  # never leave an older run's plot beside this table
-    (out / "table.md").write_text(report.render(rep, "plot.png" if plotted else None))
+    names: list[str | None] = []
+    for name, draw, wanted in (
+        ("plot.png", plot_run, any(p.workload in ("W1", "W2") for p in rep.points)),
+        (OPEN_LOOP_PLOT, plot_open_loop, bool(openloop_report.open_loop_points(rep.points))),
+    ):
+        if wanted:
+            draw(rep.points, out / name, title=rep.command)
+        else:
+            (out / name).unlink(missing_ok=True)  # never leave an older run's plot beside this table
+        names.append(name if wanted else None)
+    (out / "table.md").write_text(report.render(rep, names[0], open_loop_plot=names[1]))
     if doc is not None:
-        plot = os.path.relpath(out / "plot.png", doc.parent) if plotted else None
+        plot, loop = (os.path.relpath(out / n, doc.parent) if n else None for n in names)
         old = doc.read_text() if doc.is_file() else ""
-        doc.write_text(report.splice_doc(old, report.render(rep, plot, level=3)))
+        doc.write_text(report.splice_doc(old, report.render(rep, plot, level=3, open_loop_plot=loop)))
 
 
 def run(opts: Options) -> RunReport:
@@ -249,16 +289,21 @@ def run(opts: Options) -> RunReport:
     if any(s.kind == "infinity" and s.ran for s in rep.systems):
         rep.machine["versions"] += f", infinity-emb {infinity.INFINITY_VERSION} (own venv)"
     served = served_torch_spec(opts)
-    rep.ratios = report.ratios_over_rounds(
+    rep.ratios = ratios.ratios_over_rounds(
         rep,
         [s.name for s in opts.services],
         max_other_load=opts.max_other_load,
         served_inprocess=f"inprocess-{served.label}" if served else None,
+        open_loop_rates=opts.open_loop_rates,
     )
     rep.finished_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_outputs(rep, opts.out, opts.doc)
     print("\n" + report.ratios_table(rep.ratios), flush=True)
-    written = sorted(p.name for p in opts.out.iterdir() if p.name in ("results.json", "table.md", "plot.png"))
+    written = sorted(
+        p.name
+        for p in opts.out.iterdir()
+        if p.name in ("results.json", "table.md", "plot.png", OPEN_LOOP_PLOT)
+    )
     print(
         f"\nwrote {', '.join(written)} to {opts.out}" + (f", and {opts.doc}" if opts.doc else ""), flush=True
     )

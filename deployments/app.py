@@ -1,4 +1,10 @@
-"""Application builder named by ``serve_config.yaml`` (``import_path: deployments.app:build_app``)."""
+"""Application builders named by ``serve_config.yaml``.
+
+``build_router`` is the HTTP application: one ingress that routes by the request's ``model``.
+``build_model`` is one model's application: its tokenizer, batched inference and serializer
+deployments (one set per served version), and its card. Each model is its own application, so a
+new version of one model rolls that model's replicas only.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +12,32 @@ from typing import Any
 
 from ray.serve import Application
 
-from deployments.config import AppArgs
-from deployments.ingress.routing import Lane
+from deployments.config import ModelAppArgs, RouterArgs
 from deployments.ingress.server import Ingress
+from deployments.pipeline.card import INFERENCE, ROLE_PREFIX, TOKENIZER, Role
 from deployments.pipeline.inference import InferenceDeployment
+from deployments.pipeline.model import ModelDeployment, ServedVersion
 from deployments.pipeline.stages import SerializerDeployment, TokenizerDeployment
 from deployments.repository.resolve import resolve_model
 
-# Deployment name prefix per role. Names follow the role, not the version, so that a new stable version
-# is a rolling update of the same deployments (new replicas up and warm before old ones drain).
-ROLES = ("", "Candidate")
+ROLES: tuple[Role, ...] = ("stable", "candidate")
 
 
-def build_app(args: dict[str, Any]) -> Application:
-    """Build the graph. Refuses (raises ManifestError naming the field) when a model does not check out."""
-    config = AppArgs.model_validate(args or {})
-    lanes = []
+def build_router(args: dict[str, Any]) -> Application:
+    return Ingress.bind(RouterArgs.model_validate(args or {}))
+
+
+def build_model(args: dict[str, Any]) -> Application:
+    """Refuses (raises ManifestError naming the model and the field) when a version does not check out."""
+    config = ModelAppArgs.model_validate(args or {})
+    obs = config.observability
+    versions, tokenizers = [], []
     for role, model_config in zip(ROLES, config.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)
-        obs = config.observability
-        tokenizer = TokenizerDeployment.options(name=f"{role}Tokenizer").bind(model, obs)
-        inference = InferenceDeployment.options(name=f"{role}Inference").bind(
+        prefix = ROLE_PREFIX[role]
+        tokenizers.append(TokenizerDeployment.options(name=prefix + TOKENIZER).bind(model, obs))
+        inference = InferenceDeployment.options(name=prefix + INFERENCE).bind(
             model, model_config.device, config.runtime, obs
         )
-        lanes.append(Lane(model=model, tokenizer=tokenizer, inference=inference))
-    serializer = SerializerDeployment.bind(config.observability)
-    return Ingress.bind(lanes, serializer, config.limits, config.observability)
+        versions.append(ServedVersion(model=model, inference=inference))
+    return ModelDeployment.bind(versions, tokenizers, SerializerDeployment.bind(obs))

@@ -1,6 +1,6 @@
 """Typed, frozen configuration built from ``serve_config.yaml``.
 
-``AppArgs`` is the application's ``args`` block (fixed for the life of a deployment).
+``RouterArgs`` and ``ModelAppArgs`` are the applications' ``args`` blocks (fixed for a deployment's life).
 ``BatchingConfig`` and ``SerializerConfig`` are ``user_config`` blocks: Ray Serve hands them to
 ``reconfigure()``, so changing them in the config file takes effect without restarting replicas.
 """
@@ -90,19 +90,20 @@ class RuntimeConfig(_Frozen):
         default=True, description="Check weight files against the manifest's sha256 sums at start."
     )
     intra_op_threads: int | None = Field(
-        default=None,
+        default=1,
         ge=1,
-        description="Intra-op threads per forward pass (torch or ONNX Runtime); null: the backend's default.",
+        description="Intra-op threads per forward pass (torch or ONNX Runtime); null: the backend's default. "
+        "One per pass, with parallel_passes passes at once, never waits on a core another process took.",
     )
     parallel_passes: int = Field(
-        default=1,
+        default=2,
         ge=1,
         le=16,
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
         "into at least this many length-sorted passes). CPU: with intra_op_threads 1, one per core.",
     )
     torch_graph: Literal["eager", "trace"] = Field(
-        default="eager",
+        default="trace",
         description="torch backend: trace runs the model as one TorchScript graph (no Python between "
         "operators, checked against eager at start; the replica refuses to start on a mismatch); eager: "
         "the Hugging Face module as is. Ignored by the onnx backend.",
@@ -112,7 +113,8 @@ class RuntimeConfig(_Frozen):
 
 class CandidateConfig(_Frozen):
     """A second version of the same model served beside the stable one (canary, or pinned per request).
-    Its share of unpinned traffic is the Ingress ``user_config.candidate_share`` (changed without restart)."""
+    Its share of unpinned traffic is the Model deployment's ``user_config.candidate_share`` (changed
+    without a restart)."""
 
     version: str
 
@@ -132,17 +134,17 @@ class ObservabilityConfig(_Frozen):
     trace_to_log: bool = True
 
 
-class AppArgs(_Frozen):
-    """The ``args`` of the application in ``serve_config.yaml``."""
+class ModelAppArgs(_Frozen):
+    """The ``args`` of one model's application (``deployments.app:build_model``). Each model is its own
+    Serve application, so a change here (a new version) rolls that model's replicas and no other's."""
 
     model: ModelConfig = ModelConfig()
     candidate: CandidateConfig | None = None
-    limits: LimitsConfig = LimitsConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
-    def _candidate_differs(self) -> AppArgs:
+    def _candidate_differs(self) -> ModelAppArgs:
         if self.candidate is not None and self.candidate.version == self.model.version:
             raise ValueError(f"candidate version {self.candidate.version!r} is the stable version")
         return self
@@ -153,6 +155,35 @@ class AppArgs(_Frozen):
         if self.candidate is not None:
             models.append(self.model.model_copy(update={"version": self.candidate.version}))
         return models
+
+
+class RouterArgs(_Frozen):
+    """The ``args`` of the HTTP application (``deployments.app:build_router``): which models it routes to.
+
+    The router never changes when a model's version does, so rolling one model leaves its replicas alone."""
+
+    models: list[str] = Field(
+        min_length=1,
+        description="Model applications in the same config; a client names a model by its application's "
+        "name (the model's own name, unless the application serves it under another).",
+    )
+    default_model: str | None = Field(
+        default=None, description="Answers requests that name no model; null: the first of ``models``."
+    )
+    limits: LimitsConfig = LimitsConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+
+    @model_validator(mode="after")
+    def _default_is_served(self) -> RouterArgs:
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"a model is listed twice: {self.models}")
+        if self.default_model is not None and self.default_model not in self.models:
+            raise ValueError(f"default_model {self.default_model!r} is not one of models {self.models}")
+        return self
+
+    @property
+    def default(self) -> str:
+        return self.default_model or self.models[0]
 
 
 class BatchingConfig(_Frozen):
@@ -167,7 +198,8 @@ class BatchingConfig(_Frozen):
     # Per forward pass. On CPU, small passes win (cache-resident activations): measured here 320 seq/s
     # at 512 padded tokens vs 160 seq/s at 32 x longest; on a GPU, raise both.
     micro_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per forward pass.")
-    micro_batch_tokens: int = Field(default=512, ge=1, description="Padded tokens per forward pass.")
+    # 256 on 2 CPU cores: 8 single texts 24 vs 30 ms at 512, 64 texts 138 vs 148 ms (docs/benchmarks.md).
+    micro_batch_tokens: int = Field(default=256, ge=1, description="Padded tokens per forward pass.")
     # A maximum wait for the first request of a batch: a full batch leaves at once.
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
     adaptive_wait: bool = Field(
@@ -184,8 +216,8 @@ class BatchingConfig(_Frozen):
 
 
 class IngressConfig(_Frozen):
-    """Ingress ``user_config``: concurrent requests are grouped so that each downstream call
-    (tokenize, infer, serialize) carries many requests; the per-call cost of a hop is then shared."""
+    """Ingress ``user_config``: admission, deadlines and the degraded-answer cache. The ingress routes
+    each request on its own; batching happens in each model's inference deployment."""
 
     max_in_flight: int = Field(
         default=512,
@@ -196,31 +228,21 @@ class IngressConfig(_Frozen):
         default=30.0, gt=0, description="Default deadline; a client may ask for less with X-Request-Timeout."
     )
     fallback_cache_mb: float = Field(
-        default=0.0,
+        default=64.0,
         ge=0.0,
         description="LRU of recent answers served, marked degraded, when the model path "
         "fails or times out; 0 turns it off.",
     )
+
+
+class ModelCardConfig(_Frozen):
+    """``user_config`` of a model application's ``Model`` deployment (its card)."""
+
     candidate_share: float = Field(
         default=0.0,
         ge=0.0,
         le=1.0,
         description="Share of requests that name no version sent to the candidate version (canary).",
-    )
-    max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
-    # Measured on 2 cores, single texts at concurrency 8: 2 ms 54 req/s, 4 ms 70, 8 ms 82 (p99 139 ms).
-    group_wait_timeout_s: float = Field(
-        default=0.008,
-        ge=0.0,
-        le=1.0,
-        description="The longest the first request of a group waits for company.",
-    )
-    adaptive_wait: bool = Field(
-        default=True,
-        description="Wait only while company can still come: a request alone (nothing else in "
-        "flight) leaves at once unless the clients of a group answered within the window are "
-        "coming back, and while no group is running a group leaves as soon as it holds as many "
-        "requests as were lately in flight at once.",
     )
 
 

@@ -1,70 +1,82 @@
-"""Model versions served side by side: the stable one and an optional candidate (canary).
+"""Which model and which version answers a request: the router's table of model cards. No Ray here.
 
-Each version has its own tokenizer and inference deployments (a "lane"). A request that pins a version
-(``model: name:version``) goes to that lane; others go to the candidate with the configured share.
+A request names ``model`` as ``name`` (the stable version, or the candidate for its traffic share),
+``name:version`` (that version only) or nothing (the default model). Anything else is a 404 that
+names what is served.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deployments.repository.manifest import Manifest, ResolvedModel
+from deployments.pipeline.card import LaneCard, ModelCard, model_entries
+from preprocess.errors import ModelNotFoundError, NotReadyError
 
 
-@dataclass(frozen=True)
-class Lane:
-    model: ResolvedModel
-    tokenizer: Any  # a DeploymentHandle in the replica (a bound Application while the graph is built)
-    inference: Any
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where one request goes: a model application and one of its served versions."""
 
-    @property
-    def manifest(self) -> Manifest:
-        return self.model.manifest
-
-    @property
-    def version(self) -> str:
-        return self.model.manifest.version
+    model: str
+    lane: LaneCard
 
 
-class Lanes:
-    def __init__(self, lanes: list[Lane], draw: Callable[[], float] = random.random) -> None:
-        if not lanes:
-            raise ValueError("at least one model version must be served")
-        self.stable = lanes[0]
-        self.candidate = lanes[1] if len(lanes) > 1 else None
-        self.by_version = {lane.version: lane for lane in lanes}
-        if len(self.by_version) != len(lanes):
-            raise ValueError(f"model versions served twice: {[lane.version for lane in lanes]}")
-        self.versions = list(self.by_version)
+class ModelRouter:
+    def __init__(self, models: list[str], default: str, draw: Callable[[], float] = random.random) -> None:
+        if default not in models:
+            raise ValueError(f"default model {default!r} is not one of {models}")
+        self.models = list(models)
+        self.default = default
+        self.cards: dict[str, ModelCard] = {}
         self._draw = draw
 
-    def choose(self, pinned: str | None, candidate_share: float) -> Lane:
-        if pinned is not None:
-            return self.by_version[pinned]
-        if self.candidate is not None and candidate_share > 0.0 and self._draw() < candidate_share:
-            return self.candidate
-        return self.stable
+    def update(self, card: ModelCard) -> None:
+        if card.name not in self.models:
+            raise ValueError(f"card for {card.name!r}, which this router does not serve")
+        self.cards[card.name] = card
 
-    def __iter__(self) -> Iterator[Lane]:
-        return iter(self.by_version.values())
+    def route(self, requested: str | None) -> Route:
+        name, version = self._parse(requested)
+        card = self.cards.get(name)
+        if card is None:
+            raise NotReadyError(f"model {name!r} is starting; retry shortly")
+        if version is None:
+            candidate = card.candidate
+            if candidate is not None and candidate.share > 0.0 and self._draw() < candidate.share:
+                return Route(name, candidate)
+            return Route(name, card.stable)
+        lane = card.lane(version)
+        if lane is None:
+            raise ModelNotFoundError(
+                f"model {requested!r} is not served here; {name!r} serves versions {card.versions}; "
+                f"served models: {self._served()}",
+                "model",
+            )
+        return Route(name, lane)
 
+    def _parse(self, requested: str | None) -> tuple[str, str | None]:
+        if requested is None or requested == "":
+            return self.default, None
+        if requested in self.models:
+            return requested, None
+        name, sep, version = requested.rpartition(":")
+        if sep and name in self.models:
+            return name, version
+        raise ModelNotFoundError(
+            f"model {requested!r} is not served here; served models: {self._served()}", "model"
+        )
 
-def model_entry(m: Manifest, model_id: str, role: str, share: float) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "id": model_id,
-        "object": "model",
-        "owned_by": "textserve",
-        "version": m.version,
-        "role": role,
-        "traffic_share": round(share, 6),
-        "task": m.task,
-        "max_tokens": m.input.max_tokens,
-    }
-    if m.task == "embed":
-        entry["dimension"] = m.output.dimension
-    else:
-        entry["labels"] = list(m.output.labels or ())
-    return entry
+    def _served(self) -> str:
+        return ", ".join(repr(m) for m in self.models)
+
+    def entries(self) -> list[dict[str, Any]]:
+        """``GET /v1/models``: every model whose card is known, by name and by ``name:version``."""
+        out: list[dict[str, Any]] = []
+        for name in self.models:
+            card = self.cards.get(name)
+            if card is not None:
+                out.extend(model_entries(card, default=name == self.default))
+        return out

@@ -1,10 +1,15 @@
-"""The HTTP ingress: parse and validate, chain the stages without awaiting in between, answer.
+"""The HTTP ingress: parse and validate, route by the request's ``model``, chain that model's stages, answer.
 
-Errors from any stage arrive here and are turned into HTTP responses by ``http_errors`` only.
+It routes and answers; it does not batch. Each request goes on its own through its model's tokenizer,
+inference (where batches form, per model) and serializer deployments, called by name in the model's
+application. The calls are chained without awaiting in between: each stage passes an error from the
+one before on untouched, so the ingress waits once, for the answer. Errors from any stage arrive here
+and are turned into HTTP responses by ``errors`` only.
 """
 
 # No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -15,7 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from deployments.config import IngressConfig, LimitsConfig, ObservabilityConfig
+from deployments.config import IngressConfig, RouterArgs
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.errors import (
     as_service_error,
@@ -25,13 +30,12 @@ from deployments.ingress.errors import (
     status_of,
 )
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
-from deployments.ingress.request_group import PipelineJob, RequestGroup
-from deployments.ingress.routing import Lane, Lanes, model_entry
+from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.setup import setup_replica
-from deployments.pipeline.batching import ExpectedCompany
+from deployments.pipeline.card import MODEL, SERIALIZER, ModelCard
 from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.render import negotiate_media_type, render
-from preprocess.contracts import EncodedTexts, TokenizeJob
+from preprocess.contracts import TokenizeJob
 from preprocess.errors import (
     DeadlineExceededError,
     InvalidRequestError,
@@ -46,21 +50,16 @@ from preprocess.parsing import (
     check_dimensions,
     check_input_count,
     parse_body,
-    pinned_version,
     request_timeout,
 )
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 
 HEALTH_TIMEOUT_S = 5.0
 REQUEST_ID_HEADER = "x-request-id"  # set by Serve's proxy when the client sends none
-# Groups in flight at once, so the stages overlap (one group infers while the next tokenizes). Measured on
-# 2 cores: 2 gave 271-278 seq/s on 32-text requests against 232-238 with 3 or 4, and no less on single texts.
-MAX_GROUPS_IN_FLIGHT = 2
-_DEFAULTS = IngressConfig()
-# Stands in for a request whose client went away or whose deadline passed: later stages pass errors on
-# untouched, so it costs no model time. Nobody reads it (the caller is gone).
-_GONE = DeadlineExceededError("the client went away or the deadline passed before the model ran")
-
+# How often each model's card is read again: a rollout or a new candidate share reaches the router
+# within this, with no redeploy of the router.
+CARD_REFRESH_S = 1.0
+CARD_TIMEOUT_S = 2.0
 
 log = logging.getLogger("textserve.ingress")
 
@@ -78,28 +77,51 @@ api.add_exception_handler(Exception, handle_service_error)
 api.add_middleware(RequestAccounting)
 
 
-@serve.deployment(name="Ingress", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=256)
+# Above IngressConfig.max_in_flight, so the ingress itself answers 503 + Retry-After in our error format;
+# Serve's own queue (max_queued_requests) is the backstop behind it.
+@serve.deployment(
+    name="Ingress", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=1024, max_queued_requests=256
+)
 @serve.ingress(api)
 class Ingress:
-    def __init__(
-        self,
-        lanes: list[Lane],
-        serializer: DeploymentHandle,
-        limits: LimitsConfig,
-        observability: ObservabilityConfig,
-    ) -> None:
-        self._tracing = setup_replica(observability)
-        RequestAccounting.access_log = observability.access_log
-        self._lanes = Lanes(lanes)
-        self._serializer = serializer
-        self._manifest = self._lanes.stable.manifest
-        self._limits = limits
-        self._config = _DEFAULTS
+    async def __init__(self, args: RouterArgs) -> None:
+        self._tracing = setup_replica(args.observability)
+        RequestAccounting.access_log = args.observability.access_log
+        self._router = ModelRouter(args.models, args.default)
+        self._limits = args.limits
+        self._config = IngressConfig()
         self._in_flight = 0
-        self._company = ExpectedCompany()
-        self._group_cap = _DEFAULTS.max_group_size  # what the group batcher holds now
+        self._handles: dict[tuple[str, str], DeploymentHandle] = {}
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
+        self.reconfigure({})  # the defaults, until Serve hands over the config's user_config
+        await self._refresh_cards()
+        self._refresher = asyncio.get_running_loop().create_task(self._keep_cards_fresh())
+
+    def _handle(self, app: str, deployment: str) -> DeploymentHandle:
+        key = (app, deployment)
+        handle = self._handles.get(key)
+        if handle is None:
+            handle = self._handles[key] = serve.get_deployment_handle(deployment, app_name=app)
+        return handle
+
+    async def _refresh_cards(self) -> None:
+        async def one(model: str) -> None:
+            try:
+                call = self._handle(model, MODEL).card.remote()
+                card: ModelCard = await asyncio.wait_for(call, CARD_TIMEOUT_S)
+            except Exception as exc:  # not deployed yet, or rolling: keep routing by the last card
+                log.debug("no card from model %s yet: %r", model, exc)
+                return
+            # Clients name a model by its application's name (an alias when it differs from the manifest's).
+            self._router.update(card if card.name == model else dataclasses.replace(card, name=model))
+
+        await asyncio.gather(*(one(m) for m in self._router.models))
+
+    async def _keep_cards_fresh(self) -> None:
+        while True:
+            await asyncio.sleep(CARD_REFRESH_S)
+            await self._refresh_cards()
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._limits.max_body_bytes
@@ -121,15 +143,12 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         config = IngressConfig.model_validate(user_config)
         self._config = config
-        self._pipeline.set_max_batch_size(config.max_group_size)
-        self._group_cap = config.max_group_size
         if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
             self._fallback_bytes = config.fallback_cache_mb * 2**20
             self._fallback = FallbackCache(int(self._fallback_bytes))
-        self._pipeline.set_batch_wait_timeout_s(config.group_wait_timeout_s)
 
     async def _run(
-        self, request: Request, lane: Lane, texts: list[str], truncate: bool, options: ResponseOptions
+        self, request: Request, route: Route, texts: list[str], truncate: bool, options: ResponseOptions
     ) -> Response:
         check_input_count(texts, self._limits.max_inputs_per_request)
         timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
@@ -138,179 +157,101 @@ class Ingress:
         request_id = request.headers.get(REQUEST_ID_HEADER, "")
         trace = self._tracing.start_request(request_id)  # None unless this request is sampled
         start_ns = time.time_ns()
-        job = PipelineJob(
-            TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace),
-            options,
-            version=lane.version,
-            request_id=request_id,
-        )
+        job = TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace)
         self._in_flight += 1
-        if self._config.adaptive_wait:
-            # Serve reads both when a group's first member is taken: they hold for that group.
-            now = time.monotonic()
-            self._company.arrived(self._in_flight, now)
-            cap = self._company.cap(self._config.max_group_size)
-            if cap != self._group_cap:  # Serve's setter also checks the replica's config: only on change
-                self._group_cap = cap
-                self._pipeline.set_max_batch_size(cap)
-            wait = self._company.wait_s(self._in_flight, now, self._config.group_wait_timeout_s)
-            self._pipeline.set_batch_wait_timeout_s(wait)
+        lane = route.lane
+        # Chained without awaiting: Serve hands each stage's result to the next; errors pass through.
+        encoded = self._handle(route.model, lane.tokenizer).encode.remote(job)
+        output = self._handle(route.model, lane.inference).infer.remote(encoded)
+        answer = self._handle(route.model, SERIALIZER).serialize.remote(output, options)
+        result: SerializedResponse | ServiceError
         try:
-            result = await asyncio.wait_for(self._pipeline(job), timeout)
+            result = await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
-            job.abandon()
             result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
-        except asyncio.CancelledError:  # the client disconnected: Serve cancelled this handler
-            job.abandon()
-            raise
-        finally:
+        except Exception as exc:  # a stage failed as a whole (its replica died: wrapped by Ray)
+            result = as_service_error(exc)
+        finally:  # a client that left cancels this handler, and with it the calls (Serve passes it on)
             self._in_flight -= 1
             if trace is not None:
-                self._tracing.finish_request(trace, start_ns, time.time_ns(), {"version": lane.version})
-        key = cache_key(options, texts, truncate) if self._fallback.enabled else None
+                attributes = {"model": route.model, "version": lane.version}
+                self._tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
+        return self._answer(result, (route.model, cache_key(options, texts, truncate)))
+
+    def _answer(self, result: SerializedResponse | ServiceError, key: Any) -> Response:
         headers = {}
         if isinstance(result, ServiceError):
-            degraded = self._fallback.recall(key) if key is not None and status_of(result) >= 500 else None
-            if degraded is None:
+            degraded = self._fallback.recall(key) if self._fallback.enabled else None
+            if degraded is None or status_of(result) < 500:
                 return error_response(result)
             result, headers = degraded, {DEGRADED_HEADER: "true"}
-        elif key is not None:
+        elif self._fallback.enabled:
             self._fallback.remember(key, result)
         headers["X-Model-Version"] = result.model_version
         return Response(result.body, media_type=result.media_type, headers=headers)
 
-    @serve.batch(
-        max_batch_size=_DEFAULTS.max_group_size,
-        batch_wait_timeout_s=_DEFAULTS.group_wait_timeout_s,
-        max_concurrent_batches=MAX_GROUPS_IN_FLIGHT,
-    )
-    async def _pipeline(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
-        """One group of concurrent requests through the stages: one call per stage for all of them.
-
-        Each stage's result is checked here (Serve's router would wait for it before the next call
-        anyway), so members whose client left are dropped before they cost model time. Each request
-        comes back with its own result or its own error.
-        """
-        self._company.started(len(jobs))
-        try:
-            return await self._in_lanes(jobs)
-        finally:
-            self._company.answered(len(jobs), time.monotonic())
-
-    async def _in_lanes(self, jobs: list[PipelineJob]) -> list[SerializedResponse | ServiceError]:
-        first = jobs[0].version
-        if all(j.version == first for j in jobs):
-            return await self._through_stages(jobs, self._lanes.by_version[first])
-        # A canary split: each version's members go through their own lane, concurrently.
-        by_version: dict[str, list[int]] = {}
-        for i, job in enumerate(jobs):
-            by_version.setdefault(job.version, []).append(i)
-        parts = await asyncio.gather(
-            *(
-                self._through_stages([jobs[i] for i in idx], self._lanes.by_version[v])
-                for v, idx in by_version.items()
-            )
-        )
-        results: list[SerializedResponse | ServiceError] = [_GONE] * len(jobs)
-        for idx, part in zip(by_version.values(), parts, strict=True):
-            for i, result in zip(idx, part, strict=True):
-                results[i] = result
-        return results
-
-    async def _through_stages(
-        self, jobs: list[PipelineJob], lane: Lane
-    ) -> list[SerializedResponse | ServiceError]:
-        group = RequestGroup(jobs)
-        try:
-            encoded = await group.sending(lane.tokenizer.encode.remote([j.tokenize for j in jobs]))
-            outputs: list[Any] = group.keep_live(encoded, _GONE)
-            if any(isinstance(e, EncodedTexts) for e in outputs):
-                outputs = group.keep_live(await group.sending(lane.inference.infer.remote(outputs)), _GONE)
-            if all(isinstance(o, ServiceError) for o in outputs):
-                return outputs
-            serialized = self._serializer.serialize.remote(outputs, [j.options for j in jobs])
-            results: list[SerializedResponse | ServiceError] = await group.sending(serialized)
-        except (Exception, asyncio.CancelledError) as exc:
-            if group.all_gone:  # cancelled on purpose: nobody is waiting for these answers
-                return [_GONE] * len(jobs)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            return [as_service_error(exc)] * len(jobs)  # a stage failed as a whole (wrapped by Ray)
-        finally:
-            group.release()
-        return results
-
-    def _lane_for(self, requested: str | None) -> Lane:
-        pinned = pinned_version(requested, self._manifest.name, self._lanes.versions)
-        return self._lanes.choose(pinned, self._config.candidate_share)
-
     @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
     async def embeddings(self, request: Request) -> Response:
-        """OpenAI-compatible embeddings. ``model: name:version`` pins a served version."""
+        """OpenAI-compatible embeddings. ``model``: a served name, or ``name:version`` to pin a version."""
         body = parse_body(
             await self._read_body(request), request.headers.get("content-type"), EmbeddingsRequest
         )
-        lane = self._lane_for(body.model)
-        m = lane.manifest
-        if m.task != "embed":
-            raise UnsupportedTaskError(f"model {m.name!r} is a {m.task} model: use POST /predict", "model")
-        check_dimensions(body.dimensions, m.output.dimension or 0)
+        route = self._router.route(body.model)
+        lane = route.lane
+        if lane.task != "embed":
+            raise UnsupportedTaskError(
+                f"model {route.model!r} is a {lane.task} model: use POST /predict", "model"
+            )
+        check_dimensions(body.dimensions, lane.dimension or 0)
         options = ResponseOptions(
             route="embeddings",
             media_type=negotiate_media_type(request.headers.get("accept")),
             encoding_format=body.encoding_format,
             dimensions=body.dimensions,
         )
-        return await self._run(request, lane, body.texts, body.truncate, options)
+        return await self._run(request, route, body.texts, body.truncate, options)
 
     @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
-        """Embeddings or class labels, by the served model's task. ``model: name:version`` pins a version."""
+        """Embeddings or class labels, by the model's task. ``model``: a name, ``name:version`` or none."""
         body = parse_body(await self._read_body(request), request.headers.get("content-type"), PredictRequest)
-        lane = self._lane_for(body.model)
+        route = self._router.route(body.model)
         options = ResponseOptions(
             route="predict", media_type=negotiate_media_type(request.headers.get("accept"))
         )
-        return await self._run(request, lane, body.inputs, body.truncate, options)
+        return await self._run(request, route, body.inputs, body.truncate, options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:
-        """The served model; then each served version by ``name:version``, with its role and share."""
-        share = self._config.candidate_share if self._lanes.candidate is not None else 0.0
-        entries = [model_entry(self._manifest, self._manifest.name, "stable", 1.0 - share)]
-        for lane in self._lanes:
-            role = "stable" if lane is self._lanes.stable else "candidate"
-            entries.append(
-                model_entry(
-                    lane.manifest,
-                    f"{lane.manifest.name}:{lane.version}",
-                    role,
-                    share if role == "candidate" else 1.0 - share,
-                )
-            )
-        return Response(
-            render({"object": "list", "data": entries}, "application/json"), media_type="application/json"
-        )
+        """Every served model by name (the default one marked), then each served version as
+        ``name:version``, with its task, dimension or labels, max tokens, role and traffic share."""
+        body = {"object": "list", "data": self._router.entries()}
+        return Response(render(body, "application/json"), media_type="application/json")
 
     @api.get("/healthz")
     async def healthz(self) -> Response:
-        """200 once every served version has an inference replica with its model loaded, 503 before."""
-        probes = [lane.inference.ready.remote() for lane in self._lanes]
+        """200 while at least one model is ready (each model's state in the body); 503 when none is.
+        One model down does not take the endpoint out of a load balancer: the others still answer."""
 
-        async def wait_ready() -> list[Any]:
-            return [await probe for probe in probes]
+        async def state(model: str) -> str:
+            if model not in self._router.cards:
+                return "starting"
+            try:
+                await asyncio.wait_for(self._handle(model, MODEL).ready.remote(), HEALTH_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("health probe of model %s failed: %r", model, exc)
+                return "unavailable"
+            return "ready"
 
-        try:
-            identities = await asyncio.wait_for(wait_ready(), HEALTH_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("health probe failed: %r", exc)
-            for probe in probes:
-                probe.cancel()
-            return error_response(NotReadyError("model is not loaded yet"))
+        models = self._router.models
+        states = dict(zip(models, await asyncio.gather(*(state(m) for m in models)), strict=True))
+        if "ready" not in states.values():
+            return error_response(NotReadyError(f"no model is ready: {states}"))
+        versions = {m: self._router.cards[m].versions for m, s in states.items() if s == "ready"}
         body = {
-            "status": "ready",
-            "model": identities[0].name,
-            "version": identities[0].version,
-            "versions": [identity.version for identity in identities],
+            "status": "ready" if all(s == "ready" for s in states.values()) else "degraded",
+            "default_model": self._router.default,
+            "models": states,
+            "versions": versions,
         }
         return Response(render(body, "application/json"), media_type="application/json")

@@ -69,7 +69,13 @@ def batch_size(queued: list[QueuedGroup]) -> int:
     return min(size, limits.max_sequences) if len(groups) == 1 else size
 
 
-@serve.deployment(name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128)
+# Each call is one request; the batch queue holds up to max_ongoing_requests of them, Serve's queue the rest.
+@serve.deployment(
+    name="Inference",
+    ray_actor_options={"num_cpus": 1.0},
+    max_ongoing_requests=256,
+    max_queued_requests=512,
+)
 class InferenceDeployment:
     def __init__(
         self, model: ResolvedModel, device: str, runtime: RuntimeConfig, observability: ObservabilityConfig
@@ -132,11 +138,17 @@ class InferenceDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
 
-    async def infer(self, group: Group) -> Answers:
-        queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
+    async def infer(self, encoded: EncodedTexts | ServiceError) -> ModelOutput | ServiceError:
+        """One request's sequences, batched with whatever else is queued; an error passes through."""
+        if isinstance(encoded, ServiceError):
+            return encoded
+        queued = QueuedGroup([encoded], time.perf_counter(), time.time_ns())
         self._metrics.queue_changed(queued.requests)
         try:
-            return await self._infer_batch(queued)
+            answers = await self._infer_batch(queued)
+            if len(answers) != 1:
+                raise RuntimeError(f"{len(answers)} answers for one request")
+            return answers[0]
         finally:
             if not queued.started:  # cancelled (its client left) before its batch started
                 self._metrics.queue_changed(-queued.requests)

@@ -8,59 +8,125 @@ instance holds a port the config needs; exits 0 and prints a summary (and any ot
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema  # imports no running Ray
 
-from deployments.config import AppArgs, BatchingConfig, IngressConfig, SerializerConfig
+from deployments.config import (
+    PROJECT_ROOT,
+    BatchingConfig,
+    IngressConfig,
+    ModelAppArgs,
+    ModelCardConfig,
+    RouterArgs,
+    SerializerConfig,
+)
 from deployments.repository.manifest import ManifestError
 from deployments.repository.resolve import resolve_model
 from deployments.tools.ports import PortHolder, holders
 
-BUILDER = "deployments.app:build_app"
-USER_CONFIGS = {"Inference": BatchingConfig, "Serializer": SerializerConfig, "Ingress": IngressConfig}
+ROUTER = "deployments.app:build_router"
+MODEL_APP = "deployments.app:build_model"
+USER_CONFIGS = {
+    "Inference": BatchingConfig,
+    "Serializer": SerializerConfig,
+    "Ingress": IngressConfig,
+    "Model": ModelCardConfig,
+}
+# What a model application names explicitly even where it equals a default: which model artifact it
+# serves, checked against the manifest.
+IDENTITY = {"model.name", "model.version", "model.task", "model.backend"}
 # Ray Serve's defaults for HAProxy's stats page and Prometheus endpoint (it binds them on every interface).
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
 
 
-def check_config(path: Path) -> list[str]:
-    """Return one summary line per application; raise on the first problem."""
-    from ray.serve.schema import ServeDeploySchema  # imports no running Ray
+def _check_user_configs(app: ServeApplicationSchema) -> None:
+    for deployment in app.deployments:
+        kind = USER_CONFIGS.get(deployment.name.removeprefix("Candidate"))
+        if kind is not None and isinstance(deployment.user_config, dict):
+            kind.model_validate(deployment.user_config)
 
-    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+
+def _model_lines(app: ServeApplicationSchema) -> list[str]:
+    args = ModelAppArgs.model_validate(app.args or {})
     lines = []
-    for app in schema.applications:
-        if app.import_path != BUILDER:
-            lines.append(f"{app.name}: not a textserve app ({app.import_path}), skipped")
-            continue
-        args = AppArgs.model_validate(app.args or {})
-        for deployment in app.deployments:
-            kind = USER_CONFIGS.get(deployment.name.removeprefix("Candidate"))
-            if kind is not None and deployment.user_config is not None:
-                kind.model_validate(deployment.user_config)
-        for role, model_config in zip(("stable", "candidate"), args.served_models(), strict=False):
-            model = resolve_model(model_config, hash_files=args.runtime.verify_checksums)
-            m = model.manifest
-            signature = (
-                f"dimension {m.output.dimension}"
-                if m.task == "embed"
-                else f"labels {list(m.output.labels or ())}"
-            )
-            graph = f" {args.runtime.torch_graph}" if model_config.backend == "torch" else ""
-            lines.append(
-                f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, max {m.input.max_tokens} "
-                f"tokens, {model_config.backend} {model.precision}{graph}) weights {model.weights_dir}"
-            )
+    for role, model_config in zip(("stable", "candidate"), args.served_models(), strict=False):
+        model = resolve_model(model_config, hash_files=args.runtime.verify_checksums)
+        m = model.manifest
+        signature = (
+            f"dimension {m.output.dimension}"
+            if m.task == "embed"
+            else f"labels {list(m.output.labels or ())}"
+        )
+        graph = f" {args.runtime.torch_graph}" if model_config.backend == "torch" else ""
+        lines.append(
+            f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, max {m.input.max_tokens} "
+            f"tokens, {model_config.backend} {model.precision}{graph}) weights {model.weights_dir}"
+        )
     return lines
+
+
+def check_config(path: Path) -> list[str]:
+    """Return one summary line per served model version; raise on the first problem."""
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    lines: list[str] = []
+    model_apps = {app.name for app in schema.applications if app.import_path == MODEL_APP}
+    for app in schema.applications:
+        _check_user_configs(app)
+        if app.import_path == ROUTER:
+            router = RouterArgs.model_validate(app.args or {})
+            missing = [m for m in router.models if m not in model_apps]
+            if missing:
+                raise ValueError(f"router {app.name!r} routes to {missing}, which no application serves")
+            lines.append(f"{app.name}: routes {router.models}, default {router.default}")
+        elif app.import_path == MODEL_APP:
+            lines.extend(_model_lines(app))
+        else:
+            lines.append(f"{app.name}: not a textserve app ({app.import_path}), skipped")
+    return lines
+
+
+def decorator_options() -> dict[str, dict[str, Any]]:
+    """Each ``@serve.deployment(...)``'s options by deployment name, read from the source with ast (no
+    torch, no Ray): the defaults that a config's ``deployments`` entries override."""
+    found: dict[str, dict[str, Any]] = {}
+    for source in sorted((PROJECT_ROOT / "deployments").rglob("*.py")):
+        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "serve.deployment":
+                options = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+                found[options.pop("name")] = options
+    return found
+
+
+def effective_settings(path: Path) -> dict[str, Any]:
+    """Every setting of every textserve application: the config's choices over the code's defaults."""
+    schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    out: dict[str, Any] = {}
+    for app in schema.applications:
+        kind = {ROUTER: RouterArgs, MODEL_APP: ModelAppArgs}.get(app.import_path)
+        if kind is None:
+            continue
+        entry: dict[str, Any] = {"args": kind.model_validate(app.args or {}).model_dump(mode="json")}
+        options = decorator_options()
+        for deployment in app.deployments:
+            written = deployment.model_dump(exclude_unset=True, exclude={"name", "user_config"})
+            entry[deployment.name] = {**options.get(deployment.name.removeprefix("Candidate"), {}), **written}
+            config = USER_CONFIGS.get(deployment.name.removeprefix("Candidate"))
+            if config is not None:
+                given = deployment.user_config if isinstance(deployment.user_config, dict) else {}
+                user_config = config.model_validate(given)
+                entry[f"{deployment.name}.user_config"] = user_config.model_dump(mode="json")
+        out[app.name] = entry
+    return out
 
 
 def busy_ports(config: dict[str, Any]) -> list[PortHolder]:
     """The ports ``serve run`` of this config will listen on that something else holds now."""
-    from ray.serve.schema import ServeDeploySchema
-
     schema = ServeDeploySchema.model_validate(config)
     wanted = [(schema.http_options.host or "0.0.0.0", schema.http_options.port)]
     options = schema.controller_options
@@ -73,7 +139,13 @@ def busy_ports(config: dict[str, Any]) -> list[PortHolder]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", type=Path, nargs="?", default=Path("serve_config.yaml"))
+    parser.add_argument(
+        "--defaults", action="store_true", help="print every setting in force (the config over the defaults)"
+    )
     ns = parser.parse_args(argv)
+    if ns.defaults:
+        print(yaml.safe_dump(effective_settings(ns.config), sort_keys=False), end="")
+        return 0
     try:
         for line in check_config(ns.config):
             print(f"ok  {line}")

@@ -21,9 +21,10 @@ from bench.procs import free_port
 from tests.support.models import build_classifier, write_broken_embedder
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = "textserve"
-CLASSIFY_APP = "classify"
-BROKEN_APP = "broken"
+APP = "textserve"  # the HTTP router
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+CLASSIFIER = "tiny-sentiment"  # a model application of its own, routed by the session's router
+BROKEN_APP = "broken-embedder"
 DEPLOY_TIMEOUT_S = 240
 
 
@@ -54,12 +55,31 @@ class ServeHarness:
         )
         client.deploy_apps(schema, _blocking=False)
 
-    def deploy_extra(self, entry: dict[str, Any]) -> None:
-        """Add one test app beside the session's apps and wait until it runs."""
+    def deploy_extra(self, *entries: dict[str, Any]) -> None:
+        """Add test apps beside the session's apps and wait until they run (and a router's models are
+        routed: it reads their cards within a second)."""
         config = self.config()
-        config["applications"].append(entry)
+        config["applications"].extend(entries)
         self.apply(config)
-        self.wait({entry["name"]: "RUNNING"})
+        self.wait({entry["name"]: "RUNNING" for entry in entries})
+        for entry in entries:
+            if entry["import_path"].endswith(":build_router"):
+                self.wait_routed(*entry["args"]["models"], route=entry["route_prefix"])
+
+    def wait_routed(self, *models: str, route: str = "/", timeout_s: float = 60) -> None:
+        """Until the router at ``route`` lists every one of ``models`` in /v1/models."""
+        url = self.url + route.rstrip("/") + "/v1/models"
+        deadline = time.monotonic() + timeout_s
+        listed: set[str] = set()
+        while time.monotonic() < deadline:
+            try:
+                listed = {m["id"] for m in httpx.get(url, timeout=5).json()["data"]}
+            except (httpx.HTTPError, KeyError, ValueError):
+                listed = set()
+            if set(models) <= listed:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"router {route} lists {sorted(listed)}, not all of {models}")
 
     def remove_extras(self, timeout_s: float = 120) -> None:
         """Back to the session's apps only (Serve deletes the others); waits until they are gone."""
@@ -90,15 +110,49 @@ class ServeHarness:
         raise TimeoutError(f"apps never reached {expected}: {serve.status().applications}")
 
 
-def app_entry(name: str, route: str, model_args: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
-    entry = copy.deepcopy(template)
-    entry["name"] = name
-    entry["route_prefix"] = route
-    entry["args"]["model"] = {**entry["args"]["model"], **model_args}
+def _small(entry: dict[str, Any]) -> dict[str, Any]:
     for dep in entry["deployments"]:
-        # Logical CPUs: three apps share this small machine during the tests.
-        dep["ray_actor_options"]["num_cpus"] = min(dep["ray_actor_options"]["num_cpus"], 0.25)
+        # Logical CPUs: several apps share this small machine during the tests.
+        options = dep.setdefault("ray_actor_options", {})
+        options["num_cpus"] = min(options.get("num_cpus", 0.25), 0.25)
     return entry
+
+
+def model_app(
+    model_args: dict[str, Any], template: dict[str, Any], name: str | None = None
+) -> dict[str, Any]:
+    """A model application like ``template`` (the shipped one) serving ``model_args`` over its model;
+    named after the model unless ``name`` says otherwise."""
+    entry = copy.deepcopy(template)
+    entry["args"]["model"] = {**entry["args"]["model"], **model_args}
+    entry["name"] = name or entry["args"]["model"]["name"]
+    return _small(entry)
+
+
+def router_app(name: str, route: str, models: list[str], template: dict[str, Any]) -> dict[str, Any]:
+    """An HTTP router like ``template`` at ``route`` over ``models`` (application names)."""
+    entry = copy.deepcopy(template)
+    entry.update(name=name, route_prefix=route)
+    entry["args"] = {**entry["args"], "models": models, "default_model": models[0]}
+    return _small(entry)
+
+
+def routed_model(
+    harness: ServeHarness, name: str, route: str, model_args: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A test model application ``name`` (the shipped model app over ``model_args``) and a router of its
+    own at ``route`` that serves it as its default: ``POST {route}/predict`` reaches it."""
+    model = model_app(model_args, app_named(harness.base_config, DEFAULT_MODEL), name=name)
+    router = router_app(f"{name}-router", route, [name], app_named(harness.base_config, APP))
+    return model, router
+
+
+def app_named(config: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(a for a in config["applications"] if a["name"] == name)
+
+
+def deployment_named(app: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(d for d in app["deployments"] if d["name"] == name)
 
 
 @pytest.fixture(scope="session")
@@ -125,25 +179,19 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     if controller_env is not None:
         controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
         controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
-    template = config["applications"][0]
-    assert template["name"] == APP
-    config["applications"].append(
-        app_entry(
-            CLASSIFY_APP,
-            "/classify",
-            {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"},
-            template,
-        )
+    router, template = config["applications"]
+    assert router["name"] == APP and template["name"] == DEFAULT_MODEL
+    # The classifier is routed by the session's router (requests name it); every request to it is traced
+    # (test_logs_and_traces.py), the default model keeps the default sample ratio. The broken model is
+    # an application of its own that must fail to deploy, routed by nobody.
+    classifier = model_app(
+        {"repository": str(model_repo), "name": CLASSIFIER, "task": "classify", "backend": "torch"}, template
     )
-    # Every request of the classify app is traced (test_logs_and_traces.py); the main app keeps the default.
-    config["applications"][-1]["args"]["observability"] = {"trace_sample_ratio": 1.0}
+    classifier["args"]["observability"] = {"trace_sample_ratio": 1.0}
+    config["applications"].append(classifier)
+    router["args"]["models"] = [DEFAULT_MODEL, CLASSIFIER]
     config["applications"].append(
-        app_entry(
-            BROKEN_APP,
-            "/broken",
-            {"repository": str(model_repo), "name": "broken-embedder", "backend": "torch"},
-            template,
-        )
+        model_app({"repository": str(model_repo), "name": BROKEN_APP, "backend": "torch"}, template)
     )
     # Dashboard on: it hosts the metrics agent (Prometheus endpoint) and the REST API `serve deploy` uses.
     # Logical GPUs (as `ray start --head --num-gpus=2` declares them) for the GPU scheduling tests; the
@@ -152,7 +200,10 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     context = ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
     harness = ServeHarness(config, port, dashboard_url=f"http://{context.dashboard_url}")
     harness.apply(config)
-    harness.wait({APP: "RUNNING", CLASSIFY_APP: "RUNNING", BROKEN_APP: "DEPLOY_FAILED"})
+    harness.wait(
+        {APP: "RUNNING", DEFAULT_MODEL: "RUNNING", CLASSIFIER: "RUNNING", BROKEN_APP: "DEPLOY_FAILED"}
+    )
+    harness.wait_routed(DEFAULT_MODEL, CLASSIFIER)
     yield harness
     serve.shutdown()
     ray.shutdown()

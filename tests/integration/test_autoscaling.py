@@ -15,7 +15,14 @@ import pytest
 import yaml
 from ray import serve
 
-from tests.integration.conftest import ROOT, ServeHarness, app_entry
+from tests.integration.conftest import (
+    DEFAULT_MODEL,
+    ROOT,
+    ServeHarness,
+    app_named,
+    deployment_named,
+    routed_model,
+)
 from tests.integration.texts import near_limit
 from tests.integration.traffic import Traffic, failures
 
@@ -41,14 +48,13 @@ def _wait_replicas(n: int, timeout_s: float) -> float | None:
 
 @pytest.fixture
 def autoscale_app(serve_harness: ServeHarness) -> Iterator[str]:
-    template = serve_harness.base_config["applications"][0]
-    entry = app_entry(APP, ROUTE, {}, template)  # the default model, as shipped
-    inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
+    entry, router = routed_model(serve_harness, APP, ROUTE, {})  # the default model, as shipped
+    inference = deployment_named(entry, "Inference")
     inference["ray_actor_options"] = {"num_cpus": 0.25, "num_gpus": 1}
     inference["autoscaling_config"].update(
         max_replicas=2, upscale_delay_s=2, downscale_delay_s=8, metrics_interval_s=1, look_back_period_s=3
     )
-    serve_harness.deploy_extra(entry)
+    serve_harness.deploy_extra(entry, router)
     yield f"{serve_harness.url}{ROUTE}/v1/embeddings"
     serve_harness.remove_extras()
 
@@ -74,4 +80,4 @@ def test_inference_scales_out_under_load_and_back_in_after(autoscale_app: str) -
 
 def _shipped_inference() -> dict[str, Any]:
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    return next(d for d in config["applications"][0]["deployments"] if d["name"] == "Inference")
+    return deployment_named(app_named(config, DEFAULT_MODEL), "Inference")

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from tests.integration.conftest import APP
+from tests.integration.conftest import DEFAULT_MODEL, app_named, deployment_named
 from tests.integration.texts import near_limit
 
 pytestmark = pytest.mark.integration
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def _inference():
     from ray import serve
 
-    return serve.get_deployment_handle("Inference", app_name=APP)
+    return serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def batching(serve_harness):
 
     def apply(**user_config):
         def mutate(cfg):
-            inference = next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "Inference")
+            inference = deployment_named(app_named(cfg, DEFAULT_MODEL), "Inference")
             inference["user_config"] = user_config
 
         serve_harness.apply(serve_harness.config(mutate))
@@ -41,7 +41,7 @@ def batching(serve_harness):
 
     yield apply
     serve_harness.apply(serve_harness.config())
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.wait({DEFAULT_MODEL: "RUNNING"})
 
 
 def test_wait_window_is_a_maximum_not_a_minimum(http, batching):

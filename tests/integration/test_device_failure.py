@@ -16,7 +16,7 @@ import pytest
 from ray import serve
 
 from deployments.pipeline.inference import FAULT_INJECTION_ENV
-from tests.integration.conftest import ServeHarness, app_entry
+from tests.integration.conftest import ServeHarness, deployment_named, routed_model
 from tests.integration.traffic import Traffic
 
 pytestmark = pytest.mark.integration
@@ -28,16 +28,15 @@ CUDA_ERROR = "CUDA error: an illegal memory access was encountered"
 
 @pytest.fixture
 def faulty_app(serve_harness: ServeHarness, model_repo: Path) -> Iterator[str]:
-    template = serve_harness.base_config["applications"][0]
     model = {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
-    entry = app_entry(APP, ROUTE, model, template)
+    entry, router = routed_model(serve_harness, APP, ROUTE, model)
     entry["runtime_env"] = {"env_vars": {FAULT_INJECTION_ENV: "1"}}
-    ingress = next(d for d in entry["deployments"] if d["name"] == "Ingress")
-    ingress["user_config"]["fallback_cache_mb"] = 0  # no degraded answers hiding a failure
-    inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
+    # No degraded answers hiding a failure.
+    deployment_named(router, "Ingress").setdefault("user_config", {})["fallback_cache_mb"] = 0
+    inference = deployment_named(entry, "Inference")
     inference.pop("autoscaling_config", None)
     inference.update(num_replicas=2, health_check_period_s=1, health_check_timeout_s=10)
-    serve_harness.deploy_extra(entry)
+    serve_harness.deploy_extra(entry, router)
     yield f"{serve_harness.url}{ROUTE}/predict"
     serve_harness.remove_extras()
 

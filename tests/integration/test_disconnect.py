@@ -18,7 +18,7 @@ import httpx
 import pytest
 from ray import serve
 
-from tests.integration.conftest import APP
+from tests.integration.conftest import APP, DEFAULT_MODEL
 from tests.integration.texts import near_limit
 
 pytestmark = pytest.mark.integration
@@ -28,7 +28,9 @@ BUSY_TEXTS = 256  # long enough on CPU (> 1 s) that the second request queues be
 
 def _sequences() -> int:
     stats: dict[str, Any] = (
-        serve.get_deployment_handle("Inference", app_name=APP).batching.remote().result(timeout_s=30)
+        serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
+        .batching.remote()
+        .result(timeout_s=30)
     )
     return int(stats["sequences"])
 

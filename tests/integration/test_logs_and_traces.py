@@ -76,7 +76,9 @@ def test_access_log_is_json_and_carries_the_request_id(http: httpx.Client) -> No
 
 def test_a_sampled_request_has_one_span_per_stage_in_one_trace(http: httpx.Client) -> None:
     rid = f"traced-{uuid.uuid4().hex}"
-    r = http.post("/classify/predict", json={"texts": ["a", "b"]}, headers={"X-Request-Id": rid})
+    r = http.post(
+        "/predict", json={"model": "tiny-sentiment", "texts": ["a", "b"]}, headers={"X-Request-Id": rid}
+    )
     assert r.status_code == 200
     stages = {"request", "tokenize", "queue_wait", "inference", "serialize"}
 

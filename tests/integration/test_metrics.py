@@ -20,6 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from deployments.config import RouterArgs
+from tests.integration.conftest import APP, DEFAULT_MODEL, app_named
 from tests.support.monitoring import (
     COUNTER,
     GAUGE,
@@ -32,7 +34,8 @@ from tests.support.monitoring import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-APP = "textserve"  # the application of serve_config.yaml (the conftest asserts its name)
+# The applications of serve_config.yaml: the router and its model (the conftest asserts their names).
+APPS = {APP, DEFAULT_MODEL}
 SD_FILE_NAME = "prom_metrics_service_discovery.json"
 POLL_TIMEOUT_S = 60.0
 POLL_EVERY_S = 2.0
@@ -102,7 +105,7 @@ def scrape(ports: list[int]) -> Scrape:
             for family in families:
                 for sample in family.samples:
                     result.names.add(sample.name)
-                    if sample.labels.get("application") == APP:
+                    if sample.labels.get("application") in APPS:
                         result.totals[sample.name] += sample.value
                         result.samples[sample.name].append(sample)
     return result
@@ -177,10 +180,10 @@ class Observed:
 @pytest.fixture(scope="module")
 def observed(serve_harness: Any, base_url: str) -> Observed:
     """Scrape, send traffic, then scrape until everything moved (or POLL_TIMEOUT_S passed)."""
-    limits = serve_harness.base_config["applications"][0]["args"]["limits"]
+    limits = RouterArgs.model_validate(serve_harness.base_config["applications"][0]["args"]).limits
     ports = metrics_ports()
     before = scrape(ports)
-    statuses = send_traffic(base_url, limits["max_inputs_per_request"])
+    statuses = send_traffic(base_url, limits.max_inputs_per_request)
     started = time.monotonic()
     after = scrape(ports)
     while not_moved(before, after) and time.monotonic() - started < POLL_TIMEOUT_S:
@@ -193,7 +196,8 @@ def _context(obs: Observed) -> str:
     ours = sorted(n for n in obs.after.names if n.startswith("ray_") and not n.startswith("ray_serve_"))
     return (
         f"after {obs.waited_s:.0f} s; traffic statuses {dict(obs.statuses)}; skipped targets "
-        f"{obs.after.skipped}; {APP} totals {dict(obs.after.totals)}; non-Serve ray_ series seen: {ours[:80]}"
+        f"{obs.after.skipped}; {sorted(APPS)} totals {dict(obs.after.totals)}; "
+        f"non-Serve ray_ series seen: {ours[:80]}"
     )
 
 
@@ -234,14 +238,14 @@ def test_rejected_total_is_tagged_by_reason(observed: Observed) -> None:
 
 
 def test_model_info_names_the_served_model(observed: Observed, serve_harness: Any) -> None:
-    model = serve_harness.base_config["applications"][0]["args"]["model"]
+    model = app_named(serve_harness.base_config, DEFAULT_MODEL)["args"]["model"]
     samples = observed.after.samples["ray_model_info"]
     assert samples, f"ray_model_info not exported; {_context(observed)}"
     for sample in samples:  # a canary version, if another test deployed one, has its own sample
         assert sample.value == 1, sample
         assert all(sample.labels.get(tag) for tag in ("model", "version", "backend", "device")), sample
     served = {(s.labels["model"], s.labels["version"], s.labels["backend"]) for s in samples}
-    assert (model["name"], str(model["version"]), model["backend"]) in served, served
+    assert (model["name"], str(model["version"]), model.get("backend", "torch")) in served, served
 
 
 def served_on_gpu(observed: Observed) -> bool:

@@ -22,7 +22,7 @@ import ray
 from ray import serve
 from ray._common.utils import get_ray_address_file
 
-from tests.integration.conftest import ServeHarness, app_entry
+from tests.integration.conftest import ServeHarness, deployment_named, routed_model
 
 pytestmark = pytest.mark.integration
 
@@ -69,13 +69,12 @@ def second_node() -> Iterator[str]:
 
 @pytest.fixture
 def multinode_app(serve_harness: ServeHarness, model_repo: Path, second_node: str) -> Iterator[str]:
-    template = serve_harness.base_config["applications"][0]
     model = {"repository": str(model_repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
-    entry = app_entry(APP, ROUTE, model, template)
-    inference = next(d for d in entry["deployments"] if d["name"] == "Inference")
+    entry, router = routed_model(serve_harness, APP, ROUTE, model)
+    inference = deployment_named(entry, "Inference")
     inference.pop("autoscaling_config", None)
     inference.update(num_replicas=2, max_replicas_per_node=1)  # one replica on each node
-    serve_harness.deploy_extra(entry)
+    serve_harness.deploy_extra(entry, router)
     yield f"{serve_harness.url}{ROUTE}/predict"
     serve_harness.remove_extras()
 

@@ -23,7 +23,7 @@ def test_predict_embed_single_and_list(http):
 
 
 def test_predict_classify_labels_from_manifest(http):
-    resp = http.post("/classify/predict", json={"texts": ["I love it", "I hate it", "meh"]})
+    resp = http.post("/predict", json={"model": "tiny-sentiment", "texts": ["I love it", "I hate it", "meh"]})
     assert resp.status_code == 200, resp.text
     body = resp.json()
     assert (body["model"], body["version"], body["task"]) == ("tiny-sentiment", "1", "classify")
@@ -37,13 +37,13 @@ def test_predict_classify_labels_from_manifest(http):
 
 
 def test_classify_model_refuses_embeddings_route(http):
-    resp = http.post("/classify/v1/embeddings", json={"input": "x"})
+    resp = http.post("/v1/embeddings", json={"model": "tiny-sentiment", "input": "x"})
     assert resp.status_code == 400
     assert resp.json()["error"]["code"] == "unsupported_task"
 
 
 def test_classify_models_listing(http):
-    data = http.get("/classify/v1/models").json()["data"]
+    data = [m for m in http.get("/v1/models").json()["data"] if m["id"].startswith("tiny-sentiment")]
     entry = {
         "object": "model",
         "owned_by": "textserve",
@@ -53,6 +53,7 @@ def test_classify_models_listing(http):
         "task": "classify",
         "max_tokens": 128,
         "labels": list(LABELS),
+        "default": False,
     }
     # The model by name (what OpenAI clients ask for), then each served version by name:version.
     assert data == [{"id": "tiny-sentiment", **entry}, {"id": "tiny-sentiment:1", **entry}]

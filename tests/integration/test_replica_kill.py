@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.integration.conftest import APP
+from tests.integration.conftest import DEFAULT_MODEL
 from tests.integration.traffic import error_code
 
 pytestmark = pytest.mark.integration
@@ -36,8 +36,8 @@ STABLE_AFTER_RECOVERY_S = 6.0  # clean traffic demanded after recovery
 CLIENT_TIMEOUT_S = 45.0  # above the service's 30 s deadline: a hang is a failure here, not a stuck test
 MAX_REQUESTS = 20_000  # bound on the loop, whatever the timing
 HOT = [f"hot text {i} answered before the kill" for i in range(4)]  # the fallback cache may serve these
-REPLICA_CLASS = f"ServeReplica:{APP}:Inference"
-REPLICA_PREFIX = f"SERVE_REPLICA::{APP}#Inference#"
+REPLICA_CLASS = f"ServeReplica:{DEFAULT_MODEL}:Inference"
+REPLICA_PREFIX = f"SERVE_REPLICA::{DEFAULT_MODEL}#Inference#"
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Outcome:
 def _inference_pid() -> int:
     from ray import serve
 
-    handle = serve.get_deployment_handle("Inference", app_name=APP)
+    handle = serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
     return int(handle.batching.remote().result(timeout_s=30)["pid"])
 
 
@@ -184,6 +184,6 @@ def test_killed_inference_replica_is_replaced_and_service_recovers(http, base_ur
 
     new_pid = _inference_pid()
     assert new_pid != old_pid, "the replica was not replaced"
-    serve_harness.wait({APP: "RUNNING"}, timeout_s=120)
+    serve_harness.wait({DEFAULT_MODEL: "RUNNING"}, timeout_s=120)
     assert http.get("/healthz").status_code == 200
     assert http.post("/v1/embeddings", json={"input": "after the replica kill"}).status_code == 200

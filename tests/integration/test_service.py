@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import APP, BROKEN_APP
+from tests.integration.conftest import BROKEN_APP, CLASSIFIER, DEFAULT_MODEL, app_named, deployment_named
 
 pytestmark = pytest.mark.integration
 
@@ -14,13 +14,18 @@ pytestmark = pytest.mark.integration
 def test_healthz_reports_ready_model(http):
     resp = http.get("/healthz")
     assert resp.status_code == 200
-    assert resp.json() == {"status": "ready", "model": "all-MiniLM-L6-v2", "version": "1", "versions": ["1"]}
+    assert resp.json() == {
+        "status": "ready",
+        "default_model": DEFAULT_MODEL,
+        "models": {DEFAULT_MODEL: "ready", CLASSIFIER: "ready"},
+        "versions": {DEFAULT_MODEL: ["1"], CLASSIFIER: ["1"]},
+    }
 
 
 def test_models_listing(http):
     body = http.get("/v1/models").json()
     assert body["object"] == "list"
-    entry, versioned = body["data"]
+    entry, versioned = [m for m in body["data"] if m["id"].startswith(DEFAULT_MODEL)]
     assert (entry["id"], versioned["id"]) == ("all-MiniLM-L6-v2", "all-MiniLM-L6-v2:1")
     for e in (entry, versioned):
         assert (e["version"], e["task"], e["dimension"], e["max_tokens"], e["role"]) == (
@@ -49,12 +54,12 @@ def test_bad_manifest_refuses_to_start(serve_harness):
 def test_reconfigure_applies_batching_without_restart(serve_harness):
     from ray import serve
 
-    handle = serve.get_deployment_handle("Inference", app_name=APP)
+    handle = serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
     before = handle.batching.remote().result(timeout_s=30)
 
     def with_batching(max_batch_size: int, wait_s: float):
         def mutate(cfg):
-            inference = next(d for d in cfg["applications"][0]["deployments"] if d["name"] == "Inference")
+            inference = deployment_named(app_named(cfg, DEFAULT_MODEL), "Inference")
             inference["user_config"] = {"max_batch_size": max_batch_size, "batch_wait_timeout_s": wait_s}
 
         return serve_harness.config(mutate)
@@ -70,4 +75,4 @@ def test_reconfigure_applies_batching_without_restart(serve_harness):
         assert after["pid"] == before["pid"], "user_config change must not restart the replica"
     finally:
         serve_harness.apply(serve_harness.config())
-        serve_harness.wait({APP: "RUNNING"})
+        serve_harness.wait({DEFAULT_MODEL: "RUNNING"})

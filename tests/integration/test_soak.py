@@ -30,7 +30,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import APP
+from tests.integration.conftest import APP, DEFAULT_MODEL
 from tests.integration.traffic import error_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -161,7 +161,11 @@ def test_sustained_overload_gets_only_200_or_503_and_recovers(http, base_url, in
 def _inference_stats() -> dict[str, Any]:
     from ray import serve
 
-    return serve.get_deployment_handle("Inference", app_name=APP).batching.remote().result(timeout_s=30)
+    return (
+        serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
+        .batching.remote()
+        .result(timeout_s=30)
+    )
 
 
 def _inference_pid() -> int:

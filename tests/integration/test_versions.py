@@ -19,7 +19,16 @@ import pytest
 import yaml
 from ray import serve
 
-from tests.integration.conftest import ServeHarness, app_entry
+from tests.integration.conftest import (
+    APP as ROUTER,
+)
+from tests.integration.conftest import (
+    CLASSIFIER,
+    DEFAULT_MODEL,
+    ServeHarness,
+    deployment_named,
+    routed_model,
+)
 from tests.integration.traffic import Answer, Traffic, failures
 
 pytestmark = pytest.mark.integration
@@ -30,20 +39,22 @@ SERVE_CLI = Path(sys.executable).parent / "serve"
 ROLLOUT_TIMEOUT_S = 180
 
 
-def _entry(harness: ServeHarness, repo: Path, version: str, candidate: str | None, share: float) -> dict:
-    template = harness.base_config["applications"][0]
+def _entry(
+    harness: ServeHarness, repo: Path, version: str, candidate: str | None, share: float
+) -> list[dict[str, Any]]:
+    """The model application (tiny-sentiment, served as APP) and its own router at ROUTE."""
     model = {"repository": str(repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
-    entry = app_entry(APP, ROUTE, {**model, "version": version}, template)
+    entry, router = routed_model(harness, APP, ROUTE, {**model, "version": version})
     entry["args"]["candidate"] = {"version": candidate} if candidate else None
-    ingress = next(d for d in entry["deployments"] if d["name"] == "Ingress")
+    deployment_named(entry, "Model")["user_config"] = {"candidate_share": share}
     # No degraded answers from the cache: they would hide a failed request.
-    ingress["user_config"].update(candidate_share=share, fallback_cache_mb=0)
-    return entry
+    deployment_named(router, "Ingress")["user_config"] = {"fallback_cache_mb": 0}
+    return [entry, router]
 
 
-def _config(harness: ServeHarness, entry: dict[str, Any]) -> dict[str, Any]:
+def _config(harness: ServeHarness, entries: list[dict[str, Any]]) -> dict[str, Any]:
     config = harness.config()
-    config["applications"].append(entry)
+    config["applications"].extend(entries)
     return config
 
 
@@ -52,6 +63,18 @@ def _serve_deploy(harness: ServeHarness, config: dict[str, Any], tmp_path: Path)
     path.write_text(yaml.safe_dump(config))
     cmd = [str(SERVE_CLI), "deploy", str(path), "--address", harness.dashboard_url]
     subprocess.run(cmd, check=True, timeout=120, capture_output=True)
+
+
+def _replica_ids(*apps: str) -> dict[str, set[str]]:
+    """Every replica id of each deployment of ``apps``, as Serve reports them."""
+    from ray.serve.context import _get_global_client
+
+    details = _get_global_client().get_serve_details()["applications"]
+    return {
+        f"{app}/{name}": {r["replica_id"] for r in deployment["replicas"]}
+        for app in apps
+        for name, deployment in details[app]["deployments"].items()
+    }
 
 
 def _settled() -> bool:
@@ -88,7 +111,9 @@ def test_blue_green_switch_and_back_fails_no_request(
     _serve_deploy(
         serve_harness, _config(serve_harness, _entry(serve_harness, model_repo, "1", None, 0)), tmp_path
     )
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.wait({APP: "RUNNING", f"{APP}-router": "RUNNING"})
+    serve_harness.wait_routed(APP, route=ROUTE)
+    others = _replica_ids(ROUTER, DEFAULT_MODEL, CLASSIFIER, f"{APP}-router")
     url = f"{serve_harness.url}{ROUTE}/predict"
     with Traffic(url, {"texts": ["a fine day", "a bad day"]}, workers=4) as traffic:
         assert traffic.wait_for(lambda answers: len(answers) >= 20, 60)
@@ -109,6 +134,8 @@ def test_blue_green_switch_and_back_fails_no_request(
             assert after and all(a.version == new for a in after), Counter(a.version for a in after)
     answers = traffic.snapshot()
     print(f"total {len(answers)} requests, {len(failures(answers))} failed")
+    # Only the rolled model's replicas changed: every other application kept every replica it had.
+    assert _replica_ids(ROUTER, DEFAULT_MODEL, CLASSIFIER, f"{APP}-router") == others
     assert failures(answers) == [], Counter((a.status, a.version) for a in failures(answers))
 
 
@@ -126,7 +153,8 @@ def test_canary_share_is_set_by_config_and_versions_can_be_pinned(
     serve_harness: ServeHarness, model_repo: Path, versions_app: None
 ) -> None:
     serve_harness.apply(_config(serve_harness, _entry(serve_harness, model_repo, "1", "2", 0.25)))
-    serve_harness.wait({APP: "RUNNING"})
+    serve_harness.wait({APP: "RUNNING", f"{APP}-router": "RUNNING"})
+    serve_harness.wait_routed(APP, f"{APP}:2", route=ROUTE)
     url = f"{serve_harness.url}{ROUTE}/predict"
     body = {"texts": ["canary traffic"]}
 
@@ -138,17 +166,17 @@ def test_canary_share_is_set_by_config_and_versions_can_be_pinned(
     assert abs(share - 0.25) < 0.07  # 3 standard deviations of a binomial(400, 0.25) share
 
     # Pins win over the split; an unknown version is a 404 naming what is served.
-    assert _versions(url, {**body, "model": "tiny-sentiment:2"}, 40) == {"2": 40}
-    assert _versions(url, {**body, "model": "tiny-sentiment:1"}, 40) == {"1": 40}
-    r = httpx.post(url, json={**body, "model": "tiny-sentiment:3"}, timeout=30)
+    assert _versions(url, {**body, "model": f"{APP}:2"}, 40) == {"2": 40}
+    assert _versions(url, {**body, "model": f"{APP}:1"}, 40) == {"1": 40}
+    r = httpx.post(url, json={**body, "model": f"{APP}:3"}, timeout=30)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert "tiny-sentiment:2" in r.json()["error"]["message"]
+    assert "['1', '2']" in r.json()["error"]["message"]
     models = httpx.get(f"{serve_harness.url}{ROUTE}/v1/models", timeout=30)
     assert models.status_code == 200, models.text
     listed = models.json()["data"]
     assert {(m["id"], m["role"]) for m in listed} >= {
-        ("tiny-sentiment:1", "stable"),
-        ("tiny-sentiment:2", "candidate"),
+        (f"{APP}:1", "stable"),
+        (f"{APP}:2", "candidate"),
     }
 
     # The share changes by config alone (reconfigure, no restart): all to the candidate, then none.

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import runner
+from bench import loadgen, runner
 from bench.cli import parse
 from bench.corpus import Corpus
 from bench.results import Point, RunReport, SystemInfo, summarize
@@ -53,7 +53,7 @@ def fake_systems(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_each_round_starts_every_system_and_marks_its_points(fake_systems: list[str], tmp_path: Path) -> None:
-    opts = parse(["run", "--rounds", "3", "--w1-concurrency", "8", "--w2-concurrency", "4"])
+    opts = parse(["run", "--rounds", "3", "--w1-concurrency", "8", "--w2-concurrency", "4", "--no-open-loop"])
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
     runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
@@ -68,9 +68,45 @@ def test_each_round_starts_every_system_and_marks_its_points(fake_systems: list[
 
 
 def test_one_round_is_the_plain_run(fake_systems: list[str], tmp_path: Path) -> None:
-    opts = parse(["run", "--w1-concurrency", "8", "--w2-concurrency", "4"])
+    opts = parse(["run", "--w1-concurrency", "8", "--w2-concurrency", "4", "--no-open-loop"])
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
     runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
     assert fake_systems == ["service", "stop service", "infinity-onnx", "stop infinity-onnx"]
     assert {p.round for p in rep.points} == {1} and rep.rounds == 1
+
+
+def test_open_loop_rates_are_measured_on_every_system_in_every_round(
+    fake_systems: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, int, int, int, float]] = []
+
+    def closed(system: str, workload: str, *args: object, **kwargs: object) -> tuple[Point, list[str]]:
+        return summarize(system, workload, 8, 1, 1.0, [0.01] * 5, 0), []
+
+    def open_loop(
+        system: str,
+        target: object,
+        requests: loadgen.Requests,
+        rate: int,
+        timing: object,
+        seed: int,
+        p99_bound_ms: float,
+        server_session: int | None = None,
+    ) -> tuple[Point, list[str]]:
+        calls.append((system, rate, len(requests.bodies), requests.texts_per_request, p99_bound_ms))
+        return summarize(system, "W3", rate, 1, 1.0, [0.01] * rate, 0), ["HTTP 503"] if rate == 30 else []
+
+    monkeypatch.setattr(runner, "retry_disturbed", lambda once, limit, retries: (*once(), 1))
+    monkeypatch.setattr(runner.loadgen, "measure", closed)
+    monkeypatch.setattr(runner.openloop, "measure", open_loop)
+    argv = ["run", "--quick", "--rounds", "2", "--w1-concurrency", "1", "--w2-concurrency", "4"]
+    opts = parse([*argv, "--open-loop-rates", "30,10", "--open-loop-p99-ms", "250"])
+    rep = RunReport("cmd", {}, {}, {})
+    corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
+    runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
+    # Every started system, every round, lowest rate first, single texts from the whole corpus.
+    assert calls == [(s, r, 40, 1, 250.0) for s in ("service", "infinity-onnx") for r in (10, 30)] * 2
+    w3 = [(p.system, p.round, p.concurrency) for p in rep.points if p.workload == "W3"]
+    assert w3 == [(s, n, r) for n in (1, 2) for s in ("service", "infinity-onnx") for r in (10, 30)]
+    assert "round 2 W3 30 req/s errors, e.g. HTTP 503" in rep.systems[0].reason

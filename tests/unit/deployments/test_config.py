@@ -1,4 +1,5 @@
-"""serve_config.yaml against Ray Serve's schema and the app's own typed config (Ray is not started)."""
+"""serve_config.yaml and examples/multi-model.yaml against Ray Serve's schema and the typed config
+(Ray is not started)."""
 
 from __future__ import annotations
 
@@ -13,147 +14,196 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import (
     PROJECT_ROOT,
-    AppArgs,
     BatchingConfig,
     IngressConfig,
     LimitsConfig,
+    ModelAppArgs,
+    ModelCardConfig,
     ModelConfig,
+    RouterArgs,
     RuntimeConfig,
     SerializerConfig,
     resolve_path,
 )
 from deployments.repository.resolve import resolve_model
+from deployments.tools.check import IDENTITY, decorator_options
 
-SERVE_CONFIG = PROJECT_ROOT / "serve_config.yaml"
-DEPLOYMENT_NAMES = {"Ingress", "Tokenizer", "Inference", "Serializer"}
-USER_CONFIG_MODELS = {"Inference": BatchingConfig, "Serializer": SerializerConfig, "Ingress": IngressConfig}
-
-
-@pytest.fixture(scope="module")
-def raw() -> dict[str, Any]:
-    return yaml.safe_load(SERVE_CONFIG.read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="module")
-def app(raw) -> dict[str, Any]:
-    (application,) = raw["applications"]
-    return application
-
-
-@pytest.fixture(scope="module")
-def deployments_by_name(app) -> dict[str, dict[str, Any]]:
-    return {d["name"]: d for d in app["deployments"]}
+CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "examples" / "multi-model.yaml"]
+ROUTER = "deployments.app:build_router"
+MODEL_APP = "deployments.app:build_model"
+MODEL_DEPLOYMENTS = {"Model", "Tokenizer", "Inference", "Serializer"}
+DEPLOYMENT_NAMES = {"Ingress", *MODEL_DEPLOYMENTS}
+USER_CONFIG_MODELS = {
+    "Inference": BatchingConfig,
+    "Serializer": SerializerConfig,
+    "Ingress": IngressConfig,
+    "Model": ModelCardConfig,
+}
+ARGS_MODELS = {ROUTER: RouterArgs, MODEL_APP: ModelAppArgs}
 
 
-# --- serve_config.yaml ----------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=CONFIGS, ids=lambda p: p.name)
+def raw(request) -> dict[str, Any]:
+    return yaml.safe_load(request.param.read_text(encoding="utf-8"))
 
 
-def test_serve_config_validates_with_ray_schema(raw):
+def _router(raw: dict[str, Any]) -> dict[str, Any]:
+    (router,) = [a for a in raw["applications"] if a["import_path"] == ROUTER]
+    return router
+
+
+def _model_apps(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    return [a for a in raw["applications"] if a["import_path"] == MODEL_APP]
+
+
+# --- the shipped configs ----------------------------------------------------------------------------
+
+
+def test_config_validates_with_ray_schema(raw):
     schema = ServeDeploySchema.model_validate(raw)
-    assert len(schema.applications) == 1
-    application = schema.applications[0]
-    assert application.import_path == "deployments.app:build_app"
-    assert application.route_prefix == "/"
-    assert {d.name for d in application.deployments} == DEPLOYMENT_NAMES
+    by_path = {a.import_path for a in schema.applications}
+    assert by_path == {ROUTER, MODEL_APP}
+    router = next(a for a in schema.applications if a.import_path == ROUTER)
+    assert router.route_prefix == "/"
+    assert {d.name for d in router.deployments} == {"Ingress"}
+    for app in schema.applications:
+        if app.import_path == MODEL_APP:
+            assert app.route_prefix is None  # reached through the router only
+            assert {d.name for d in app.deployments} == MODEL_DEPLOYMENTS
+
+
+def test_router_routes_to_exactly_the_model_apps(raw):
+    router = RouterArgs.model_validate(_router(raw)["args"])
+    apps = _model_apps(raw)
+    assert router.models == [a["name"] for a in apps]
+    for app in apps:  # each model application is named after the model it serves
+        assert ModelAppArgs.model_validate(app["args"]).model.name == app["name"]
+    assert router.default == "all-MiniLM-L6-v2"
 
 
 THROUGHPUT_MODE = {"RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_LOG_TO_STDERR"}
 
 
-def test_high_throughput_mode_is_on_for_controller_and_replicas_alike(raw, app):
+def test_high_throughput_mode_is_on_for_controller_and_every_application(raw):
     # The controller starts HAProxy and sends HTTP to the ingress replica directly; the replicas must run the
     # same mode (direct ingress, gRPC between them) or the two sides disagree about how requests arrive.
     controller = raw["controller_options"]["runtime_env"]["env_vars"]
-    replicas = app["runtime_env"]["env_vars"]
     assert {k: controller.get(k) for k in THROUGHPUT_MODE} == {k: "1" for k in THROUGHPUT_MODE}
-    assert {k: replicas.get(k) for k in THROUGHPUT_MODE} == {k: "1" for k in THROUGHPUT_MODE}
-    schema = ServeDeploySchema.model_validate(raw)
-    assert schema.controller_options is not None
-    assert schema.controller_options.runtime_env == {"env_vars": controller}
+    for app in raw["applications"]:
+        replicas = app["runtime_env"]["env_vars"]
+        assert {k: replicas.get(k) for k in THROUGHPUT_MODE} == {k: "1" for k in THROUGHPUT_MODE}, app["name"]
 
 
-def test_import_path_points_at_build_app(app):
-    module, _, attr = app["import_path"].partition(":")
-    source = (PROJECT_ROOT / Path(*module.split("."))).with_suffix(".py")
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    assert attr in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+def test_replica_env_is_written_once(raw):
+    """The variables are written once (YAML anchors): every application gets the very same mapping."""
+    envs = [app["runtime_env"]["env_vars"] for app in raw["applications"]]
+    assert all(env == envs[0] for env in envs)
+    controller = raw["controller_options"]["runtime_env"]["env_vars"]
+    assert controller.items() <= envs[0].items()
 
 
-def test_app_args_validate(app):
-    args = AppArgs.model_validate(app["args"])
-    assert args.model.name == "all-MiniLM-L6-v2"
-    assert args.model.version == "1"
-    assert args.model.task == "embed"
-    assert args.model.device == "auto"
-    assert args.limits.max_inputs_per_request == 256
-    assert args.limits.max_body_bytes == 2 * 1024 * 1024
-    assert (args.model.backend, args.model.precision, args.runtime.torch_graph) == ("torch", "bf16", "trace")
-    assert args.runtime.verify_checksums is True
-    # Every key written in the yaml is one the typed config keeps (nothing silently ignored).
-    assert args.model_dump(include=set(app["args"])) == {
-        k: {**args.model_dump()[k], **v} if isinstance(v, dict) else v for k, v in app["args"].items()
-    }
+def test_import_paths_point_at_builders(raw):
+    for app in raw["applications"]:
+        module, _, attr = app["import_path"].partition(":")
+        source = (PROJECT_ROOT / Path(*module.split("."))).with_suffix(".py")
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        assert attr in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
-def test_app_args_name_a_model_that_resolves(app):
-    args = AppArgs.model_validate(app["args"])
-    model = resolve_model(args.model, hash_files=False)
-    assert (model.manifest.name, model.manifest.version, model.manifest.task) == (
-        args.model.name,
-        args.model.version,
-        args.model.task,
-    )
+def test_model_apps_name_models_that_resolve(raw):
+    for app in _model_apps(raw):
+        args = ModelAppArgs.model_validate(app["args"])
+        for config in args.served_models():
+            model = resolve_model(config, hash_files=False)
+            m = model.manifest
+            assert (m.name, m.version, m.task) == (config.name, config.version, config.task)
 
 
-def test_deployment_names_exact(app):
-    names = [d["name"] for d in app["deployments"]]
-    assert len(names) == len(set(names))
-    assert set(names) == DEPLOYMENT_NAMES
+def _field(where: str, key: str) -> str:
+    return f"{where}.{key}".split(".args.", 1)[-1]
+
+
+def _restated(written: dict[str, Any], defaults: dict[str, Any], where: str) -> list[str]:
+    out = []
+    for key, value in written.items():
+        if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+            out += _restated(value, defaults[key], f"{where}.{key}")
+        elif (
+            key in defaults
+            and defaults[key] == value
+            and f"{where}.{key}".split(".args.", 1)[-1] not in IDENTITY
+        ):
+            out.append(f"{where}.{key}: {value!r}")
+    return out
+
+
+def test_configs_restate_no_default(raw):
+    """One source of truth: a value written in the config is a choice that differs from the code's
+    default (deployments/config.py, the deployment decorators); a restated default is a second copy."""
+    restated: list[str] = []
+    for app in raw["applications"]:
+        kind = ARGS_MODELS[app["import_path"]]
+        restated += _restated(
+            app.get("args") or {},
+            kind().model_dump() if kind is ModelAppArgs else RouterArgs(models=["x"]).model_dump(),
+            f"{app['name']}.args",
+        )
+        for d in app["deployments"]:
+            config = USER_CONFIG_MODELS.get(d["name"])
+            if config is not None and "user_config" in d:
+                restated += _restated(d["user_config"], config().model_dump(), f"{d['name']}.user_config")
+            options = DECORATOR_OPTIONS[d["name"]]
+            restated += _restated({k: v for k, v in d.items() if k != "name"}, options, d["name"])
+    assert not restated, restated
+
+
+DECORATOR_OPTIONS = decorator_options()
 
 
 def test_deployment_names_match_code():
     """Each yaml name is a ``@serve.deployment(name=...)`` in deployments/ (read with ast: no torch)."""
-    found = set()
-    for source in (PROJECT_ROOT / "deployments").rglob("*.py"):
-        for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "serve.deployment":
-                for kw in node.keywords:
-                    if kw.arg == "name" and isinstance(kw.value, ast.Constant):
-                        found.add(kw.value.value)
-    assert found == DEPLOYMENT_NAMES
+    assert set(DECORATOR_OPTIONS) == DEPLOYMENT_NAMES
 
 
-@pytest.mark.parametrize("name", sorted(DEPLOYMENT_NAMES))
-def test_user_config_validates(deployments_by_name, name):
-    deployment = deployments_by_name[name]
-    if name in USER_CONFIG_MODELS:
-        assert "user_config" in deployment, f"{name} needs a user_config block"
-        USER_CONFIG_MODELS[name].model_validate(deployment["user_config"])
-    else:
-        assert "user_config" not in deployment, f"{name} has no reconfigure()"
+def test_user_configs_validate_as_written(raw):
+    for app in raw["applications"]:
+        for d in app["deployments"]:
+            model = USER_CONFIG_MODELS.get(d["name"])
+            if "user_config" in d:
+                assert model is not None, f"{d['name']} has no reconfigure()"
+                parsed = model.model_validate(d["user_config"])
+                assert parsed.model_dump(include=set(d["user_config"])) == d["user_config"]
 
 
-def test_user_config_values(deployments_by_name):
-    for name, model in USER_CONFIG_MODELS.items():
-        written = deployments_by_name[name]["user_config"]
-        parsed = model.model_validate(written)
-        assert parsed.model_dump(include=set(written)) == written  # every key honoured as written
-    batching = BatchingConfig.model_validate(deployments_by_name["Inference"]["user_config"])
+def test_total_cpus_fit_two_cores(raw):
+    total = 0.0
+    for app in raw["applications"]:
+        for d in app["deployments"]:
+            options = {**DECORATOR_OPTIONS[d["name"]]["ray_actor_options"], **d.get("ray_actor_options", {})}
+            assert options["num_cpus"] > 0
+            total += options["num_cpus"] * d.get("num_replicas", 1)
+    assert total <= 2.0
+
+
+def test_no_gpu_required(raw):
+    for app in raw["applications"]:
+        assert all(d.get("ray_actor_options", {}).get("num_gpus", 0) == 0 for d in app["deployments"])
+
+
+def test_shipped_batching_defaults_are_consistent():
+    batching = BatchingConfig()
     assert batching.micro_batch_size <= batching.max_batch_size
     assert batching.min_wait_s <= batching.batch_wait_timeout_s <= batching.max_wait_s
 
 
-def test_total_cpus_fit_two_cores(app):
-    total = 0.0
-    for d in app["deployments"]:
-        cpus = d["ray_actor_options"]["num_cpus"]
-        assert cpus > 0
-        total += cpus * d.get("num_replicas", 1)
-    assert total <= 2.0
-
-
-def test_no_gpu_required(app):
-    assert all(d["ray_actor_options"].get("num_gpus", 0) == 0 for d in app["deployments"])
+def test_router_args_reject_a_default_it_does_not_serve():
+    with pytest.raises(ValidationError, match="default_model"):
+        RouterArgs(models=["a"], default_model="b")
+    with pytest.raises(ValidationError, match="twice"):
+        RouterArgs(models=["a", "a"])
+    with pytest.raises(ValidationError):
+        RouterArgs(models=[])
+    assert RouterArgs(models=["a", "b"]).default == "a"
 
 
 # --- config objects -------------------------------------------------------------------------------
@@ -162,7 +212,7 @@ def test_no_gpu_required(app):
 @pytest.mark.parametrize(
     ("obj", "attr", "value"),
     [
-        (AppArgs(), "model", ModelConfig()),
+        (ModelAppArgs(), "model", ModelConfig()),
         (ModelConfig(), "name", "other"),
         (LimitsConfig(), "max_inputs_per_request", 1),
         (RuntimeConfig(), "verify_checksums", False),
@@ -178,7 +228,7 @@ def test_configs_are_frozen(obj, attr, value):
 
 
 def test_nested_config_is_frozen():
-    args = AppArgs()
+    args = ModelAppArgs()
     with pytest.raises(ValidationError):
         args.model.name = "other"  # type: ignore[misc]
     assert args.model.name == "all-MiniLM-L6-v2"
@@ -187,10 +237,10 @@ def test_nested_config_is_frozen():
 @pytest.mark.parametrize(
     ("cls", "data", "where"),
     [
-        (AppArgs, {"modle": {}}, "modle"),
-        (AppArgs, {"model": {"nmae": "x"}}, "nmae"),
-        (AppArgs, {"limits": {"max_inputs": 3}}, "max_inputs"),
-        (AppArgs, {"runtime": {"threads": 2}}, "threads"),
+        (ModelAppArgs, {"modle": {}}, "modle"),
+        (ModelAppArgs, {"model": {"nmae": "x"}}, "nmae"),
+        (RouterArgs, {"models": ["a"], "limits": {"max_inputs": 3}}, "max_inputs"),
+        (ModelAppArgs, {"runtime": {"threads": 2}}, "threads"),
         (BatchingConfig, {"max_batch_size": 8, "batch_timeout": 0.1}, "batch_timeout"),
         (SerializerConfig, {"decimals": 3}, "decimals"),
     ],
@@ -256,21 +306,18 @@ def test_serializer_decimals_bounds(value, ok):
         {"model": {"task": "rerank"}},
         {"model": {"device": "tpu"}},
         {"model": {"version": 1}},  # an unquoted YAML version is an int, not a str
-        {"limits": {"max_inputs_per_request": 0}},
-        {"limits": {"max_body_bytes": 1023}},
         {"runtime": {"intra_op_threads": 0}},
     ],
 )
 def test_app_args_reject_bad_values(data):
     with pytest.raises(ValidationError):
-        AppArgs.model_validate(data)
+        ModelAppArgs.model_validate(data)
 
 
 def test_app_args_defaults_from_empty():
-    args = AppArgs.model_validate({})
-    assert args == AppArgs()
+    args = ModelAppArgs.model_validate({})
+    assert args == ModelAppArgs()
     assert args.model.repository == "models"
-    assert args.limits.max_inputs_per_request == 256
 
 
 # --- paths ----------------------------------------------------------------------------------------

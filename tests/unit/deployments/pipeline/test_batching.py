@@ -9,7 +9,6 @@ from deployments.pipeline.batching import (
     AdaptiveBatchCap,
     AdaptiveWaitWindow,
     BatchLimits,
-    ExpectedCompany,
     is_out_of_memory,
     padding_efficiency,
     plan_micro_batches,
@@ -153,71 +152,3 @@ def test_unrecoverable_device_errors(message, expected):
     from deployments.pipeline.batching import is_unrecoverable_device_error
 
     assert is_unrecoverable_device_error(RuntimeError(message)) is expected
-
-
-def test_group_waits_while_others_are_in_flight():
-    company = ExpectedCompany()
-    company.arrived(2, now=10.0)
-    assert company.wait_s(2, now=10.0, window_s=0.008) == 0.008
-    assert company.wait_s(32, now=10.0, window_s=0.008) == 0.008
-
-
-def test_a_lone_request_leaves_at_once_when_no_company_is_coming():
-    # A maximum, never a minimum: alone in the replica with nobody about to return, it does not wait.
-    company = ExpectedCompany()
-    company.arrived(1, now=10.0)
-    assert company.wait_s(1, now=10.0, window_s=0.008) == 0.0
-    # One client alone (concurrency 1): its own answer just went out, but nobody else is coming.
-    company.started(1)
-    company.answered(1, now=10.01)
-    company.arrived(1, now=10.012)
-    assert company.wait_s(1, now=10.012, window_s=0.008) == 0.0
-
-
-def test_the_first_client_back_after_a_group_waits_for_the_others():
-    company = ExpectedCompany()
-    for in_flight in range(1, 9):  # eight closed-loop clients in one group
-        company.arrived(in_flight, now=10.0)
-    company.started(8)
-    company.answered(8, now=10.03)
-    assert company.running == 0
-    company.arrived(1, now=10.032)  # the first one back is alone in the replica for a moment
-    assert company.wait_s(1, now=10.032, window_s=0.008) == 0.008
-    assert company.cap(64) == 8  # ...and its group leaves as soon as all eight are in
-    # Long after the last answer a lone arrival is sparse traffic again: no wait.
-    assert company.wait_s(1, now=10.5, window_s=0.008) == 0.0
-
-
-def test_a_group_is_full_once_every_recent_client_is_in():
-    company = ExpectedCompany()
-    for in_flight in range(1, 9):  # eight closed-loop clients, all back after their group answered
-        company.arrived(in_flight, now=10.0)
-    assert company.cap(64) == 8  # the group leaves with the eighth instead of waiting out the window
-    assert company.cap(4) == 4  # never above the configured cap
-
-
-def test_while_a_group_runs_groups_keep_the_configured_cap():
-    company = ExpectedCompany()
-    company.arrived(8, now=10.0)
-    company.running = 5  # their clients cannot send until answered; the window lets groups merge
-    assert company.cap(64) == 64
-    company.running = 0
-    assert company.cap(64) == 8
-
-
-def test_the_expected_company_follows_the_load_down():
-    company = ExpectedCompany(horizon_s=1.0)
-    company.arrived(8, now=0.0)
-    company.arrived(2, now=1.5)  # next horizon: the last one's peak still counts
-    assert company.cap(64) == 8
-    company.arrived(2, now=2.6)  # a horizon later the eight are forgotten
-    assert company.cap(64) == 2
-    company.arrived(1, now=9.0)  # after an idle spell only the new traffic counts
-    assert company.cap(64) == 1
-
-
-def test_the_first_request_is_full_company_for_itself():
-    company = ExpectedCompany()
-    assert company.cap(64) == 1
-    company.arrived(1, now=0.0)
-    assert company.cap(64) == 1

@@ -12,7 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from deployments.config import AppArgs, ModelConfig
+from deployments.config import ModelAppArgs, ModelConfig
 from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.repository.resolve import resolve_model
@@ -96,7 +96,7 @@ def test_config_paths_and_refusals() -> None:
     with pytest.raises(ValidationError, match="bf16 needs backend torch"):
         ModelConfig(backend="onnx", precision="bf16")
     with pytest.raises(ValidationError):
-        AppArgs.model_validate({"model": {"precision": "int8"}})
+        ModelAppArgs.model_validate({"model": {"precision": "int8"}})
 
 
 def test_export_refuses_a_precision_it_cannot_make(tmp_path: Path) -> None:

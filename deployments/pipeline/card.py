@@ -1,0 +1,106 @@
+"""What a model application tells the router about itself: its card. No Ray here.
+
+The router asks each model's ``Model`` deployment for its card and routes by it: which versions are
+served, under which deployment names, with which traffic share. A new version rolled into the same
+deployment names only changes the card, so the router follows a rollout without being redeployed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from deployments.repository.manifest import Manifest
+
+Role = Literal["stable", "candidate"]
+# Deployment names per role inside a model's application. Names follow the role, not the version, so
+# that a new stable version is a rolling update of the same deployments (new replicas warm first).
+ROLE_PREFIX: dict[Role, str] = {"stable": "", "candidate": "Candidate"}
+TOKENIZER = "Tokenizer"
+INFERENCE = "Inference"
+SERIALIZER = "Serializer"
+MODEL = "Model"  # the application's ingress: the card and readiness, never on a request's path
+
+
+@dataclass(frozen=True, slots=True)
+class LaneCard:
+    """One served version of a model and the deployments that serve it."""
+
+    version: str
+    role: Role
+    share: float  # of the requests that pin no version
+    task: str
+    max_tokens: int
+    dimension: int | None
+    labels: tuple[str, ...]
+
+    @property
+    def tokenizer(self) -> str:
+        return ROLE_PREFIX[self.role] + TOKENIZER
+
+    @property
+    def inference(self) -> str:
+        return ROLE_PREFIX[self.role] + INFERENCE
+
+    @classmethod
+    def of(cls, manifest: Manifest, role: Role, share: float) -> LaneCard:
+        return cls(
+            version=manifest.version,
+            role=role,
+            share=share,
+            task=manifest.task,
+            max_tokens=manifest.input.max_tokens,
+            dimension=manifest.output.dimension,
+            labels=tuple(manifest.output.labels or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """A model's name and its served versions, stable first."""
+
+    name: str
+    lanes: tuple[LaneCard, ...]
+
+    @property
+    def stable(self) -> LaneCard:
+        return self.lanes[0]
+
+    @property
+    def candidate(self) -> LaneCard | None:
+        return self.lanes[1] if len(self.lanes) > 1 else None
+
+    def lane(self, version: str) -> LaneCard | None:
+        return next((lane for lane in self.lanes if lane.version == version), None)
+
+    @property
+    def versions(self) -> list[str]:
+        return [lane.version for lane in self.lanes]
+
+
+def lane_entry(model_id: str, lane: LaneCard, share: float, default: bool) -> dict[str, Any]:
+    """One ``GET /v1/models`` entry (OpenAI's shape, with what a client needs to use the model)."""
+    entry: dict[str, Any] = {
+        "id": model_id,
+        "object": "model",
+        "owned_by": "textserve",
+        "version": lane.version,
+        "role": lane.role,
+        "traffic_share": round(share, 6),
+        "task": lane.task,
+        "max_tokens": lane.max_tokens,
+        "default": default,
+    }
+    if lane.task == "embed":
+        entry["dimension"] = lane.dimension
+    else:
+        entry["labels"] = list(lane.labels)
+    return entry
+
+
+def model_entries(card: ModelCard, default: bool) -> list[dict[str, Any]]:
+    """The model by its name (what unpinned requests get), then each served version as ``name:version``."""
+    entries = [lane_entry(card.name, card.stable, card.stable.share, default)]
+    for lane in card.lanes:
+        entries.append(lane_entry(f"{card.name}:{lane.version}", lane, lane.share, default))
+    return entries
