@@ -43,13 +43,16 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 COPY --chown=ray:users . .
 RUN pip install --no-deps -e .
 
-# Bake the ONNX exports of every model version in models/ (models/all-MiniLM-L6-v2/1 by default; .dockerignore
-# keeps local exports out), fp32 and fp16 (model.precision picks one), then the preflight on serve_config.yaml,
-# whose models the cluster serves too: a model that does not check out fails the build, not the rollout.
-RUN for dir in models/*/*/; do \
+# Build the demo models (examples/multi-model.yaml; random weights, offline), then bake the ONNX exports of every
+# model version in models/ (.dockerignore keeps local exports out), fp32 and fp16 (model.precision picks one),
+# then the preflight on both configs, whose models the cluster serves too: a model that does not check out fails
+# the build, not the rollout.
+RUN python -m deployments.repository.demo_models --no-onnx \
+    && for dir in models/*/*/; do \
         if [ -f "${dir}manifest.json" ]; then \
             python -m deployments.runtime.export_onnx --model "${dir%/}" \
             && python -m deployments.runtime.export_onnx --model "${dir%/}" --precision fp16 || exit 1; \
         fi; \
     done \
-    && python -m deployments.tools.check serve_config.yaml
+    && python -m deployments.tools.check serve_config.yaml \
+    && python -m deployments.tools.check examples/multi-model.yaml

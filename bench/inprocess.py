@@ -28,7 +28,7 @@ import json
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,14 @@ def sorted_groups(lengths: list[int], size: int, seed: int) -> list[list[int]]:
     return groups
 
 
+def default_micro_batch() -> tuple[int, int]:
+    """The code's default pass limits (``BatchingConfig``: micro_batch_size, micro_batch_tokens)."""
+    from deployments.config import BatchingConfig
+
+    defaults = BatchingConfig()
+    return defaults.micro_batch_size, defaults.micro_batch_tokens
+
+
 @dataclass(frozen=True)
 class RowPlan:
     """How each in-process row is measured: timing, retries, and the shape of W2's requests."""
@@ -133,7 +141,8 @@ class RowPlan:
     retries: int = 0
     quiet_wait_s: float = 0.0
     request_texts: int = 32
-    micro_batch: tuple[int, int] = (32, 512)  # the service's sequences and padded tokens per pass
+    # The service's sequences and padded tokens per pass (bench.inprocess_plan.service_micro_batch).
+    micro_batch: tuple[int, int] = field(default_factory=default_micro_batch)
 
 
 def measure_model(
@@ -246,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         req.get("retries", 0),
         req.get("quiet_wait_s", 0.0),
         req.get("request_texts", 32),
-        tuple(req.get("micro_batch", (32, 512))),
+        tuple(req.get("micro_batch") or default_micro_batch()),
     )
     for spec in req["specs"]:
         label, model_dir = spec["label"], Path(spec["model_dir"])

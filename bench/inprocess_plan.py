@@ -2,8 +2,9 @@
 
 ``inprocess-torch`` and ``inprocess-onnx`` (the model exported into ``.bench/``) by default, plus the torch
 model exactly as the measured service config runs it (precision, graph, threads, passes) when that differs
-from plain torch: the limit of the served backend beside ONNX Runtime's. The rows themselves are
-``bench.inprocess``.
+from plain torch: the limit of the served backend beside ONNX Runtime's. "The service config" is its model
+application (``deployments.app:build_model``: the router's default model's, else the first), and what it
+does not write is the code's defaults (deployments/config.py). The rows themselves are ``bench.inprocess``.
 """
 
 from __future__ import annotations
@@ -80,29 +81,48 @@ def inprocess_specs(opts: Options, rep: RunReport, log_dir: Path) -> list[Inproc
     return specs
 
 
-def _service_args(opts: Options) -> dict[str, Any]:
-    """The ``args`` of the (first) service config measured; empty when there is none or it is unreadable."""
+def _service_config(opts: Options) -> dict[str, Any] | None:
+    """The (first) service config measured; None when there is none or it is unreadable here."""
     if not opts.services:
-        return {}
+        return None
     try:
-        apps = load_config(opts.services[0].config).get("applications") or [{}]
-        return dict(apps[0].get("args") or {})
-    except (OSError, ValueError, AttributeError, yaml.YAMLError) as exc:  # the service run reports it
+        return load_config(opts.services[0].config)
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # the service run reports it
         print(f"service config unreadable here ({exc})", file=sys.stderr, flush=True)
-        return {}
+        return None
+
+
+def _model_app_args(opts: Options) -> dict[str, Any] | None:
+    """The ``args`` of the measured service's model application (the router's default model's, else the
+    first ``deployments.app:build_model`` one), with the variant's ``args.`` edits applied; None when
+    there is no service config or it serves no model application."""
+    from bench.config_edit import ConfigEditError, model_app, with_args
+
+    config = _service_config(opts)
+    if config is None:
+        return None
+    try:
+        config = with_args(config, opts.services[0].args)
+        return dict(model_app(config).get("args") or {})
+    except (ConfigEditError, AttributeError, TypeError) as exc:
+        print(f"no model application in the service config ({exc})", file=sys.stderr, flush=True)
+        return None
 
 
 def served_torch_spec(opts: Options) -> InprocessSpec | None:
     """The torch model exactly as the measured service runs it (precision, graph, threads, passes), when
-    that differs from the plain torch row: the limit of the served backend, beside ONNX Runtime's."""
-    from deployments.config import ModelConfig, RuntimeConfig
+    that differs from the plain torch row: the limit of the served backend, beside ONNX Runtime's.
+    Settings the config does not write are the code's defaults (deployments.config)."""
+    from deployments.config import ModelAppArgs
 
-    args = _service_args(opts)
+    args = _model_app_args(opts)
+    if args is None:
+        return None
     try:
-        model = ModelConfig.model_validate(args.get("model") or {})
-        runtime = RuntimeConfig.model_validate(args.get("runtime") or {})
+        app = ModelAppArgs.model_validate(args)
     except ValueError:
         return None
+    model, runtime = app.model, app.runtime
     spec = InprocessSpec(
         f"torch-{model.precision}-{runtime.torch_graph}",
         opts.model_dir,
@@ -117,19 +137,26 @@ def served_torch_spec(opts: Options) -> InprocessSpec | None:
 
 
 def service_micro_batch(opts: Options) -> tuple[int, int]:
-    """Sequences and padded tokens per forward pass in the (first) service config measured, so the
-    in-process row on W2's requests cuts them as the service does; the config defaults otherwise."""
-    from bench.config_edit import user_config_of
+    """Sequences and padded tokens per forward pass of the model application's ``Inference`` in the
+    (first) service config measured, so the in-process row on W2's requests cuts them as the service
+    does; what the config does not write, and everything without a service config, is the code's
+    defaults (``BatchingConfig``)."""
+    from bench.config_edit import ConfigEditError, user_config_of
     from deployments.config import BatchingConfig
 
     values: dict[str, Any] = {}
-    if opts.services:
+    config = _service_config(opts)
+    if config is not None:
         try:
-            values = user_config_of(load_config(opts.services[0].config))
-        except (OSError, ValueError, yaml.YAMLError) as exc:  # the service run reports a bad config
-            print(f"micro-batch limits from the config defaults ({exc})", file=sys.stderr, flush=True)
-    config = BatchingConfig.model_validate(values)
-    return config.micro_batch_size, config.micro_batch_tokens
+            values = user_config_of(config, "Inference")
+        except (ConfigEditError, AttributeError, TypeError) as exc:  # the service run reports it
+            print(f"micro-batch limits from the code defaults ({exc})", file=sys.stderr, flush=True)
+    try:
+        batching = BatchingConfig.model_validate(values)
+    except ValueError as exc:
+        print(f"micro-batch limits from the code defaults ({exc})", file=sys.stderr, flush=True)
+        batching = BatchingConfig()
+    return batching.micro_batch_size, batching.micro_batch_tokens
 
 
 def run_inprocess(

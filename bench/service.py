@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from bench import procs
+from bench.config_edit import with_args, with_env
 
 ROOT = Path(__file__).resolve().parent.parent
 # serve_config.yaml runs Ray Serve's high-throughput mode (HAProxy in front of the ingress replica, gRPC
@@ -62,7 +63,8 @@ def parse_service(spec: str, common_env: dict[str, str] | None = None) -> Servic
     """``name=config.yaml[,KEY=VAL...]``, or ``config.yaml[,KEY=VAL...]`` (named ``service``).
 
     ``KEY`` is an environment variable for the Ray processes, or ``args.a.b`` to set a value (YAML) in the
-    first application's ``args``, e.g. ``args.observability.trace_sample_ratio=0``."""
+    ``args`` of the applications that take it (``bench.config_edit``: model keys to every model application,
+    router keys to the router), e.g. ``args.observability.trace_sample_ratio=0``."""
     head, *pairs = spec.split(",")
     name, sep, config = head.partition("=")
     if not sep:
@@ -78,32 +80,6 @@ def parse_service(spec: str, common_env: dict[str, str] | None = None) -> Servic
         else:
             env.update([parse_env_pair(pair)])
     return ServiceVariant(name=name, config=Path(config), env=env, args=args)
-
-
-def with_args(config: dict[str, Any], args: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``config`` with dotted ``args`` overrides set in its first application."""
-    cfg = copy.deepcopy(config)
-    for dotted, value in args.items():
-        node = cfg["applications"][0].setdefault("args", {})
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return cfg
-
-
-def with_env(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """A copy of ``config`` whose controller and applications get ``env`` on top of the env_vars it sets:
-    a config's runtime_env wins over the processes' inherited environment, so a variant's must go there."""
-    cfg = copy.deepcopy(config)
-    if not env:
-        return cfg
-    holders = [cfg.setdefault("controller_options", {}), *cfg["applications"]]
-    for holder in holders:
-        runtime_env = holder.get("runtime_env") or {}
-        runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env}
-        holder["runtime_env"] = runtime_env
-    return cfg
 
 
 def load_config(path: Path) -> dict[str, Any]:

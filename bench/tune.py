@@ -113,7 +113,11 @@ def curve_table(points: Sequence[Point], best: Point | None) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.tune", description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, default=Path("serve_config.yaml"))
-    p.add_argument("--app", default=None, help="application name (default: the first textserve app)")
+    p.add_argument(
+        "--app",
+        default=None,
+        help="application name (default: the one holding --deployment: the default model's for Inference)",
+    )
     p.add_argument("--deployment", default="Inference")
     p.add_argument(
         "--grid",

@@ -51,6 +51,8 @@ class ResponseOptions:
     media_type: MediaType = JSON
     encoding_format: EncodingFormat = "float"
     dimensions: int | None = None
+    # The id the client named the model by (its application's name); empty: the manifest's name.
+    model_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ def embeddings_payload(output: ModelOutput, options: ResponseOptions, decimals: 
     return {
         "object": "list",
         "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
-        "model": output.model.name,
+        "model": options.model_id or output.model.name,
         "model_version": output.model.version,
         "usage": usage(output),
     }
@@ -75,7 +75,7 @@ def classification_rows(
 def predict_payload(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> dict[str, Any]:
     """``/predict`` response body: embeddings or label lists, always with the model version."""
     body: dict[str, Any] = {
-        "model": output.model.name,
+        "model": options.model_id or output.model.name,
         "version": output.model.version,
         "task": output.task,
     }

@@ -41,6 +41,9 @@ class EncodedTexts:
     truncated: int = 0  # how many texts were cut to the model's token limit
     deadline: float | None = None  # epoch seconds, carried from the request
     trace: TraceContext | None = None
+    # Which tokenizer made the ids (a hash of its file): during a rolling update the stages of two versions
+    # may meet, and a model must never run another tokenizer's ids. Empty: not checked.
+    tokenizer_id: str = ""
 
     def __len__(self) -> int:
         return len(self.offsets) - 1

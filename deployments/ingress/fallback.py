@@ -2,7 +2,7 @@
 
 Keyed by the response options, the truncate flag and a digest of the exact inputs, so a degraded answer
 is the answer this service gave to the same request recently (its X-Model-Version says which model
-version produced it). Bounded in bytes; off unless ``fallback_cache_mb`` > 0.
+version produced it). Bounded in bytes; ``fallback_cache_mb: 0`` turns it off.
 """
 
 from __future__ import annotations

@@ -208,6 +208,7 @@ class Ingress:
             media_type=negotiate_media_type(request.headers.get("accept")),
             encoding_format=body.encoding_format,
             dimensions=body.dimensions,
+            model_id=route.model,
         )
         return await self._run(request, route, body.texts, body.truncate, options)
 
@@ -217,7 +218,9 @@ class Ingress:
         body = parse_body(await self._read_body(request), request.headers.get("content-type"), PredictRequest)
         route = self._router.route(body.model)
         options = ResponseOptions(
-            route="predict", media_type=negotiate_media_type(request.headers.get("accept"))
+            route="predict",
+            media_type=negotiate_media_type(request.headers.get("accept")),
+            model_id=route.model,
         )
         return await self._run(request, route, body.inputs, body.truncate, options)
 

@@ -1,5 +1,5 @@
 """Pure batching policy (no Ray, no torch): token-budget micro-batch plans, the adaptive wait
-window, the batch cap that backs off on out-of-memory errors, and when an ingress group is full."""
+window, and the batch cap that backs off on out-of-memory errors."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from preprocess.errors import DeadlineExceededError, ModelExecutionError, Servic
 
 log = logging.getLogger("textserve.groups")
 
-Group = list[EncodedTexts | ServiceError]  # one ingress call: several requests, some may have failed
+Group = list[EncodedTexts | ServiceError]  # requests queued together, some may have failed already
 Answers = list[ModelOutput | ServiceError]
 MakeOutput = Callable[[EncodedTexts, np.ndarray], ModelOutput]
 

@@ -29,7 +29,7 @@ from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import create_runner
 from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
-from preprocess.errors import ServiceError
+from preprocess.errors import ServiceError, UnavailableError
 
 log = logging.getLogger("textserve.inference")
 
@@ -89,6 +89,7 @@ class InferenceDeployment:
         manifest = model.manifest
         self._identity = ModelIdentity(name=manifest.name, version=manifest.version)
         self._labels = tuple(manifest.output.labels or ())
+        self._tokenizer_id = model.tokenizer_id
         self._runner = create_runner(
             model,
             device,
@@ -142,6 +143,9 @@ class InferenceDeployment:
         """One request's sequences, batched with whatever else is queued; an error passes through."""
         if isinstance(encoded, ServiceError):
             return encoded
+        if encoded.tokenizer_id and encoded.tokenizer_id != self._tokenizer_id:
+            # A rolling update met two versions' stages; the retry meets one version.
+            return UnavailableError("the model is changing versions; retry shortly")
         queued = QueuedGroup([encoded], time.perf_counter(), time.time_ns())
         self._metrics.queue_changed(queued.requests)
         try:

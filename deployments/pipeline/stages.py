@@ -46,6 +46,7 @@ class TokenizerDeployment:
     def __init__(self, model: ResolvedModel, observability: ObservabilityConfig) -> None:
         self._tracing = setup_replica(observability)
         self._tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
+        self._tokenizer_id = model.tokenizer_id
         self._ms = StageMetrics("tokenize_ms", "Time to tokenize one request.").ms
         self._threads = _stage_threads("tokenize")
 
@@ -59,9 +60,12 @@ class TokenizerDeployment:
         start = time.perf_counter()
         result: EncodedTexts | ServiceError
         try:
-            result = self._tokenizer.encode(job.texts, job.truncate)
-            if job.deadline is not None or job.trace is not None:
-                result = dataclasses.replace(result, deadline=job.deadline, trace=job.trace)
+            result = dataclasses.replace(
+                self._tokenizer.encode(job.texts, job.truncate),
+                deadline=job.deadline,
+                trace=job.trace,
+                tokenizer_id=self._tokenizer_id,
+            )
         except ServiceError as exc:
             result = exc
         except Exception:  # a bug on one request's input answers that request with a 500, nothing more

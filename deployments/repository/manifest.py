@@ -99,6 +99,11 @@ class ResolvedModel:
         return self.weights_dir / ONNX_FILE
 
     @property
+    def tokenizer_id(self) -> str:
+        """A short hash of the tokenizer file: equal ids, equal token ids (EncodedTexts.tokenizer_id)."""
+        return hashlib.sha256(self.tokenizer_file.read_bytes()).hexdigest()[:16]
+
+    @property
     def tokenizer_file(self) -> Path:
         return self.weights_dir / self.manifest.input.tokenizer
 

@@ -80,27 +80,3 @@ def test_adaptive_window_shrinks_under_sparse_traffic(http, batching):
         assert http.post("/v1/embeddings", json={"input": f"sparse {i}"}).status_code == 200
     state = _inference().batching.remote().result(timeout_s=30)
     assert state["current_wait_s"] < 0.02
-
-
-def test_ingress_group_window_is_a_maximum_and_waits_only_for_returning_company(http, ingress_config):
-    # A long window makes a wait, or its absence, plain to see.
-    ingress_config(group_wait_timeout_s=0.6, adaptive_wait=True)
-    time.sleep(2.5)  # the recent peak of earlier tests is forgotten after two 1 s horizons
-
-    def post(text: str) -> float:
-        start = time.monotonic()
-        assert http.post("/v1/embeddings", json={"input": text}).status_code == 200
-        return time.monotonic() - start
-
-    # One client, one request at a time: nobody else is coming, so nothing waits for company.
-    sequential = [post(f"one client {i}") for i in range(3)]
-    assert max(sequential) < 0.4, sequential
-    # Four clients at once; then the first one back is alone for a moment, but the others were in flight
-    # with it lately: it waits for them, at most the window.
-    with ThreadPoolExecutor(4) as pool:
-        list(pool.map(post, [f"four clients {i}" for i in range(4)]))
-    first_back = post("first one back")
-    assert 0.45 <= first_back < 5, first_back
-    # Long after the last answer a lone request is sparse traffic again: it leaves at once.
-    time.sleep(2.5)
-    assert post("alone again") < 0.4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +17,15 @@ class Answer:
     at: float  # monotonic time the answer arrived
     status: int  # HTTP status, or 0 when the request itself failed (connection error, timeout)
     version: str | None  # X-Model-Version
+    # Added for the isolation test; defaulted, so ``Answer(at, status, version)`` still works.
+    latency: float | None = None  # seconds from sending the request to its answer (or failure)
+    request_id: str | None = None  # the X-Request-Id sent, when ``Traffic.tag`` is set
+    detail: str | None = None  # a failure's body (first 300 characters) or the client's exception
+
+    @property
+    def sent(self) -> float:
+        """Monotonic time the request was sent (``at`` when the latency is unknown)."""
+        return self.at - (self.latency or 0.0)
 
 
 @dataclass
@@ -26,6 +36,9 @@ class Traffic:
     body: dict[str, Any]
     workers: int = 4
     limit_s: float = 300.0
+    timeout_s: float = 30.0  # client timeout per request
+    tag: str | None = None  # set: every request carries X-Request-Id "{tag}-{worker}-{n}", recorded
+    pause_s: float = 0.0  # each worker waits this long after an answer before its next request
     answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -33,8 +46,8 @@ class Traffic:
 
     def __enter__(self) -> Traffic:
         deadline = time.monotonic() + self.limit_s
-        for _ in range(self.workers):
-            thread = threading.Thread(target=self._run, args=(deadline,), daemon=True)
+        for worker in range(self.workers):
+            thread = threading.Thread(target=self._run, args=(deadline, worker), daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
@@ -44,16 +57,28 @@ class Traffic:
         for thread in self._threads:
             thread.join(timeout=60)
 
-    def _run(self, deadline: float) -> None:
-        with httpx.Client(timeout=30) as client:
-            while not self._stop.is_set() and time.monotonic() < deadline:
+    def _run(self, deadline: float, worker: int = 0) -> None:
+        with httpx.Client(timeout=self.timeout_s) as client:
+            for n in itertools.count():
+                if self._stop.is_set() or time.monotonic() >= deadline:
+                    return
+                request_id = f"{self.tag}-{worker}-{n}" if self.tag else None
+                headers = {"x-request-id": request_id} if request_id else None
+                sent = time.monotonic()
                 try:
-                    r = client.post(self.url, json=self.body)
-                    answer = Answer(time.monotonic(), r.status_code, r.headers.get("x-model-version"))
-                except httpx.HTTPError:
-                    answer = Answer(time.monotonic(), 0, None)
+                    r = client.post(self.url, json=self.body, headers=headers)
+                    done = time.monotonic()
+                    detail = None if r.status_code == 200 else r.text[:300]
+                    answer = Answer(
+                        done, r.status_code, r.headers.get("x-model-version"), done - sent, request_id, detail
+                    )
+                except httpx.HTTPError as exc:
+                    done = time.monotonic()
+                    answer = Answer(done, 0, None, done - sent, request_id, repr(exc)[:300])
                 with self._lock:
                     self.answers.append(answer)
+                if self.pause_s:
+                    self._stop.wait(self.pause_s)
 
     def snapshot(self) -> list[Answer]:
         with self._lock:

@@ -43,6 +43,21 @@ SERVICE_METRICS: dict[str, str] = {
     "ray_model_info": GAUGE,  # = 1; model, version, backend, device
 }
 GPU_METRICS = frozenset({"ray_gpu_utilization_percent", "ray_gpu_memory_used_bytes"})
+# Which Serve application reports which: the router application ("textserve", deployment Ingress) counts the
+# requests; every other metric comes from a model's own application (named after the model: Tokenizer,
+# [Candidate]Inference, Serializer). Ray Serve's HTTP series are the router's too (the only application with
+# a route); its per-deployment series come from every application.
+ROUTER_APPLICATION = "textserve"
+ROUTER_METRICS = frozenset({"ray_requests_total", "ray_rejected_total"})
+MODEL_METRICS = frozenset(SERVICE_METRICS) - ROUTER_METRICS
+RAY_SERVE_HTTP_METRICS = frozenset(
+    {
+        "ray_serve_http_request_latency_ms",
+        "ray_serve_num_http_requests",
+        "ray_serve_num_http_error_requests",
+        "ray_serve_num_deployment_http_error_requests",  # at the deployment that takes HTTP: the Ingress
+    }
+)
 
 # Ray Serve 2.60's own metrics as defined in ray/serve's source (name given to ray.util.metrics -> kind);
 # test_ray_serve_metric_names_match_the_installed_ray checks them against the installed Ray.
@@ -173,6 +188,13 @@ RAY_SERVE_SERIES = {
     s for name, kind in RAY_SERVE_METRICS.items() for s in exported_series(f"ray_{name}", kind)
 }
 KNOWN_SERIES = SERVICE_SERIES | RAY_SERVE_SERIES
+ROUTER_SERIES = {s for name in ROUTER_METRICS for s in exported_series(name, SERVICE_METRICS[name])}
+MODEL_SERIES = SERVICE_SERIES - ROUTER_SERIES
+RAY_SERVE_HTTP_SERIES = {
+    s
+    for name in RAY_SERVE_HTTP_METRICS
+    for s in exported_series(name, RAY_SERVE_METRICS[name.removeprefix("ray_")])
+}
 
 
 # ---------------------------------------------------------------------------------------------------------

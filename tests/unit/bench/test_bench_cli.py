@@ -52,7 +52,8 @@ def test_service_spec_args_overrides_reach_the_config() -> None:
         "quiet=serve_config.yaml,args.observability.access_log=false,args.limits.max_body_bytes=2048"
     )
     assert v.env == {} and v.args == {"observability.access_log": False, "limits.max_body_bytes": 2048}
-    base = {"applications": [{"name": "a", "args": {"limits": {"max_inputs_per_request": 8}}}]}
+    router = {"name": "a", "import_path": "deployments.app:build_router"}
+    base = {"applications": [{**router, "args": {"limits": {"max_inputs_per_request": 8}}}]}
     cfg = with_args(base, v.args)
     assert cfg["applications"][0]["args"] == {
         "limits": {"max_inputs_per_request": 8, "max_body_bytes": 2048},

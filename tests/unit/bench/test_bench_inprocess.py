@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
-from bench.cli import parse
+from bench.cli import Options, parse
 from bench.corpus import build_corpus
-from bench.inprocess import RowPlan, measure_model, rows_for
+from bench.inprocess import RowPlan, default_micro_batch, measure_model, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
+from deployments.config import BatchingConfig, RuntimeConfig
 from deployments.repository.manifest import ResolvedModel
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]
@@ -47,38 +50,86 @@ def test_request_row_holds_exactly_what_the_w2_client_sends() -> None:
     assert w2 and row.groups == w2[0] and row.workload == "b16-requests"
 
 
-def test_micro_batch_limits_come_from_the_measured_service_config(tmp_path: Path) -> None:
-    default = parse(["run", "--no-naive"])
-    assert service_micro_batch(default) == (32, 256)  # serve_config.yaml as shipped
-    text = Path("serve_config.yaml").read_text()
-    edited = text.replace("micro_batch_size: 32 ", "micro_batch_size: 8 ").replace(
-        "micro_batch_tokens: 256", "micro_batch_tokens: 128"
+def test_a_plan_without_the_services_limits_uses_the_codes() -> None:
+    defaults = BatchingConfig()
+    assert RowPlan(0.0, 1.0).micro_batch == default_micro_batch()
+    assert default_micro_batch() == (defaults.micro_batch_size, defaults.micro_batch_tokens)
+
+
+def _shipped() -> dict[str, Any]:
+    return yaml.safe_load(Path("serve_config.yaml").read_text())
+
+
+def _model_app(config: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    return next(
+        a
+        for a in config["applications"]
+        if a["import_path"] == "deployments.app:build_model" and name in (None, a["name"])
     )
-    assert edited != text
-    (tmp_path / "c.yaml").write_text(edited)
-    assert service_micro_batch(parse(["run", "--service", f"x={tmp_path / 'c.yaml'}"])) == (8, 128)
-    assert service_micro_batch(parse(["run", "--no-service"])) == (32, 512)  # the config defaults
+
+
+def _inference(app: dict[str, Any]) -> dict[str, Any]:
+    return next(d for d in app["deployments"] if d["name"] == "Inference")
+
+
+def _service(tmp_path: Path, config: dict[str, Any], name: str, extra: str = "") -> Options:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return parse(["run", "--service", f"x={path}{extra}"])
+
+
+def test_micro_batch_limits_come_from_the_measured_service_config(tmp_path: Path) -> None:
+    defaults = BatchingConfig()
+    code = (defaults.micro_batch_size, defaults.micro_batch_tokens)
+    assert code == (32, 256)
+    # serve_config.yaml as shipped writes no micro-batch limits: the code's defaults.
+    assert "user_config" not in _inference(_model_app(_shipped()))
+    assert service_micro_batch(parse(["run", "--no-naive"])) == code
+    # Written in the model application's Inference user_config (the router, listed first, has none).
+    config = _shipped()
+    _inference(_model_app(config))["user_config"] = {"micro_batch_size": 8, "micro_batch_tokens": 128}
+    assert service_micro_batch(_service(tmp_path, config, "both")) == (8, 128)
+    _inference(_model_app(config))["user_config"] = {"micro_batch_size": 8}
+    assert service_micro_batch(_service(tmp_path, config, "size")) == (8, 256)  # tokens from the code
+    assert service_micro_batch(parse(["run", "--no-service"])) == code
+
+
+def test_the_default_models_application_is_the_one_measured(tmp_path: Path) -> None:
+    config = yaml.safe_load(Path("examples/multi-model.yaml").read_text())
+    router = next(a for a in config["applications"] if a["import_path"] == "deployments.app:build_router")
+    router["args"]["default_model"] = "demo-mini-embedder"  # not the first model application
+    mini = _model_app(config, "demo-mini-embedder")
+    _inference(mini)["user_config"] = {"micro_batch_size": 4}
+    mini["args"]["runtime"] = {"torch_graph": "eager", "parallel_passes": 3}
+    opts = _service(tmp_path, config, "multi")
+    assert service_micro_batch(opts) == (4, 256)
+    assert served_torch_spec(opts) == InprocessSpec("torch-fp32-eager", opts.model_dir, "fp32", "eager", 1, 3)
 
 
 def test_served_torch_settings_get_their_own_in_process_row(tmp_path: Path) -> None:
-    shipped = parse(["run", "--no-naive"])  # serve_config.yaml: torch bf16, traced, 2 passes x 1 thread
+    # serve_config.yaml: torch bf16 written; traced, 2 passes x 1 thread from the code's RuntimeConfig.
+    assert "runtime" not in _model_app(_shipped())["args"]
+    runtime = RuntimeConfig()
+    assert (runtime.torch_graph, runtime.intra_op_threads, runtime.parallel_passes) == ("trace", 1, 2)
+    shipped = parse(["run", "--no-naive"])
     spec = served_torch_spec(shipped)
     assert spec == InprocessSpec("torch-bf16-trace", shipped.model_dir, "bf16", "trace", 1, 2)
-    text = Path("serve_config.yaml").read_text()
-    onnx = text.replace("backend: torch ", "backend: onnx ").replace("precision: bf16 ", "precision: fp32 ")
-    assert onnx != text
-    (tmp_path / "onnx.yaml").write_text(onnx)
-    assert served_torch_spec(parse(["run", "--service", f"x={tmp_path / 'onnx.yaml'}"])) is None
-    plain = (
-        text.replace("precision: bf16 ", "precision: fp32 ")
-        .replace("torch_graph: trace ", "torch_graph: eager ")
-        .replace("parallel_passes: 2", "parallel_passes: 1")
-        .replace("intra_op_threads: 1 ", "intra_op_threads: null ")
+    onnx = _shipped()
+    _model_app(onnx)["args"]["model"].update(backend="onnx", precision="fp32")
+    assert served_torch_spec(_service(tmp_path, onnx, "onnx")) is None
+    plain = _shipped()
+    _model_app(plain)["args"]["model"]["precision"] = "fp32"
+    _model_app(plain)["args"]["runtime"] = {
+        "torch_graph": "eager",
+        "parallel_passes": 1,
+        "intra_op_threads": None,
+    }
+    assert served_torch_spec(_service(tmp_path, plain, "plain")) is None  # = torch row
+    # A variant's args edits reach the model application, as the service run applies them.
+    edited = served_torch_spec(
+        parse(["run", "--service", "x=serve_config.yaml,args.runtime.parallel_passes=1"])
     )
-    (tmp_path / "plain.yaml").write_text(plain)
-    assert (
-        served_torch_spec(parse(["run", "--service", f"x={tmp_path / 'plain.yaml'}"])) is None
-    )  # = torch row
+    assert edited == InprocessSpec("torch-bf16-trace", shipped.model_dir, "bf16", "trace", 1, 1)
     assert served_torch_spec(parse(["run", "--no-service"])) is None
     labels = [s.label for s in inprocess_specs(parse(["run", "--no-naive", "--no-onnx"]), None, tmp_path)]
     assert labels == ["torch", "torch-bf16-trace"]

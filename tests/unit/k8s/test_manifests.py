@@ -1,11 +1,12 @@
-"""The Kubernetes files: valid for the KubeRay CRDs, in sync with serve_config.yaml, matching the image."""
+"""The Kubernetes files: valid for the KubeRay CRDs, in sync with their Serve configs, matching the image.
+
+What the generated serveConfigV2 strings serve: test_serve_config_v2.py."""
 
 from __future__ import annotations
 
 import copy
 import functools
 import re
-from fnmatch import fnmatchcase
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,15 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator, FormatChecker
 from packaging.specifiers import SpecifierSet
-from pydantic import BaseModel
 
-from deployments.config import AppArgs
-from deployments.tools.check import BUILDER, USER_CONFIGS
-from deployments.tools.k8s_manifest import load_yaml, render_files
+from deployments.tools.k8s_manifest import render_files
+from tests.unit.k8s.conftest import MANIFESTS, ROOT, cluster, containers
 
-ROOT = Path(__file__).resolve().parents[3]
 # The KubeRay v1.7 CRDs, vendored (Apache-2.0; k8s/crds/README.md: where from, how to refresh).
 CRD_DIR = ROOT / "k8s" / "crds"
 CRD_FILES = {"RayService": "ray.io_rayservices.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
 # spec.upgradeStrategy.type is a free string in the v1.7 CRD; these are the values the operator knows.
 UPGRADE_TYPES = {"NewCluster", "NewClusterWithIncrementalUpgrade", "None"}
-GPU = "nvidia.com/gpu"
 
 FORMATS = FormatChecker()
 FORMATS.checks("int32")(lambda v: not isinstance(v, int) or -(2**31) <= v < 2**31)
@@ -81,29 +78,9 @@ def k8s_documents() -> list[tuple[str, dict[str, Any]]]:
     return docs
 
 
-@pytest.fixture(scope="module")
-def rayservice() -> dict[str, Any]:
-    return load_yaml(ROOT / "k8s/rayservice.yaml")
-
-
-@pytest.fixture(scope="module")
-def serve_v2(rayservice: dict[str, Any]) -> dict[str, Any]:
-    text = rayservice["spec"]["serveConfigV2"]
-    assert isinstance(text, str), "KubeRay takes serveConfigV2 as a YAML string"
-    return yaml.safe_load(text)
-
-
-def cluster(doc: dict[str, Any]) -> dict[str, Any]:
-    return doc["spec"]["rayClusterConfig"] if doc["kind"] == "RayService" else doc["spec"]
-
-
-def containers(group: dict[str, Any]) -> list[dict[str, Any]]:
-    return group["template"]["spec"]["containers"]
-
-
 def test_every_ray_document_validates_against_its_crd() -> None:
     docs = [(name, d) for name, d in k8s_documents() if d.get("kind") in CRD_FILES]
-    assert {"rayservice.yaml", "rayservice.base.yaml"} <= {name for name, _ in docs}
+    assert {"rayservice.base.yaml", *(out.name for _, out in MANIFESTS)} <= {name for name, _ in docs}
     for name, doc in docs:
         assert crd_errors(doc) == [], f"{name} does not match the KubeRay CRD"
 
@@ -154,64 +131,12 @@ def test_operator_rules_the_crd_leaves_open(rayservice: dict[str, Any]) -> None:
         assert group["minReplicas"] <= group.get("replicas", group["minReplicas"]) <= group["maxReplicas"]
 
 
-def _strip(config: dict[str, Any], patch: dict[str, Any]) -> None:
-    """Remove from ``config`` every key the overlay sets or deletes (lists of named items matched by name)."""
-    for key, value in patch.items():
-        if isinstance(value, list):
-            for item_patch in value:
-                for item in config.get(key) or []:
-                    if fnmatchcase(str(item.get("name")), item_patch["name"]):
-                        _strip(item, {k: v for k, v in item_patch.items() if k != "name"})
-        elif isinstance(value, dict) and isinstance(config.get(key), dict):
-            _strip(config[key], value)
-            if not config[key]:
-                del config[key]
-        else:
-            config.pop(key, None)
-
-
-def test_committed_rayservice_is_what_the_generator_makes() -> None:
-    committed = (ROOT / "k8s/rayservice.yaml").read_text()
-    assert committed == render_files(ROOT), (
-        "k8s/rayservice.yaml drifted: python -m deployments.tools.k8s_manifest --write"
+def test_committed_rayservice_is_what_the_generator_makes(manifest: tuple[Path, Path]) -> None:
+    config, out = manifest
+    committed = (ROOT / out).read_text()
+    assert committed == render_files(ROOT, config), (
+        f"{out} drifted: python -m deployments.tools.k8s_manifest --write --all"
     )
-
-
-def test_cluster_serves_the_local_config_apart_from_the_overlay(serve_v2: dict[str, Any]) -> None:
-    local, overlay = load_yaml(ROOT / "serve_config.yaml"), load_yaml(ROOT / "k8s/overlay.yaml")
-    remote = copy.deepcopy(serve_v2)
-    _strip(local, overlay)
-    _strip(remote, overlay)
-    assert remote == local
-    assert [a["name"] for a in remote["applications"]] == [a["name"] for a in local["applications"]]
-
-
-def _unknown(data: dict[str, Any], model: type[BaseModel]) -> set[str]:
-    return set(data) - set(model.model_fields)
-
-
-def test_serve_config_v2_is_a_valid_serve_config(serve_v2: dict[str, Any]) -> None:
-    from ray.serve.schema import (  # the schema only: no Ray is started
-        DeploymentSchema,
-        RayActorOptionsSchema,
-        ServeApplicationSchema,
-        ServeDeploySchema,
-    )
-
-    ServeDeploySchema.model_validate(serve_v2)
-    # Serve's schema ignores unknown keys; a misspelt one would silently do nothing on the cluster.
-    assert _unknown(serve_v2, ServeDeploySchema) == set()
-    assert "http_options" not in serve_v2, "KubeRay's serve Service needs Serve's default host 0.0.0.0"
-    for app in serve_v2["applications"]:
-        assert _unknown(app, ServeApplicationSchema) == set(), app["name"]
-        for deployment in app.get("deployments", []):
-            assert _unknown(deployment, DeploymentSchema) == set(), deployment["name"]
-            assert _unknown(deployment.get("ray_actor_options", {}), RayActorOptionsSchema) == set()
-        if app["import_path"] == BUILDER:
-            AppArgs.model_validate(app.get("args") or {})
-            for deployment in app.get("deployments", []):
-                if deployment["name"] in USER_CONFIGS and deployment.get("user_config") is not None:
-                    USER_CONFIGS[deployment["name"]].model_validate(deployment["user_config"])
 
 
 def _pyproject(key: str) -> str:
@@ -247,41 +172,6 @@ def test_rayservice_runs_the_image_the_dockerfile_builds(rayservice: dict[str, A
     for group in [spec["headGroupSpec"], *spec["workerGroupSpecs"]]:
         for container in containers(group):
             assert container["image"].rsplit("/", 1)[-1] == want, container["name"]
-
-
-def _gpus(group: dict[str, Any]) -> int:
-    return sum(int(c.get("resources", {}).get("limits", {}).get(GPU, 0)) for c in containers(group))
-
-
-def _model_deployments(app: dict[str, Any]) -> list[dict[str, Any]]:
-    # Inference, and CandidateInference while a candidate version is served.
-    return [d for d in app.get("deployments", []) if d["name"].endswith("Inference")]
-
-
-def test_inference_asks_for_gpus_that_the_worker_group_has(
-    rayservice: dict[str, Any], serve_v2: dict[str, Any]
-) -> None:
-    spec = cluster(rayservice)
-    assert _gpus(spec["headGroupSpec"]) == 0, "the head is CPU only"
-    gpu_groups = [g for g in spec["workerGroupSpecs"] if _gpus(g) > 0]
-    assert gpu_groups, f"no worker group limits {GPU}"
-    capacity = sum(g["maxReplicas"] * _gpus(g) for g in gpu_groups)
-    for app in (a for a in serve_v2["applications"] if a["import_path"] == BUILDER):
-        names = [d["name"] for d in _model_deployments(app)]
-        assert "Inference" in names, app["name"]
-        if (app.get("args") or {}).get("candidate"):
-            # Unlisted, it would run with the code's defaults: no GPU on the cluster.
-            assert "CandidateInference" in names, "list CandidateInference in serve_config.yaml"
-        for deployment in _model_deployments(app):
-            where = f"{app['name']}/{deployment['name']}"
-            num_gpus = deployment.get("ray_actor_options", {}).get("num_gpus", 0)
-            assert num_gpus > 0, f"{where} asks for no GPU"
-            replicas = deployment.get("num_replicas", 1)
-            if replicas == "auto" or "autoscaling_config" in deployment:
-                replicas = deployment.get("autoscaling_config", {}).get(
-                    "max_replicas", 100
-                )  # Serve's default
-            assert replicas * num_gpus <= capacity, f"{where}: more GPU replicas than the GPU workers hold"
 
 
 def test_pod_monitor_scrapes_the_metrics_port_of_every_ray_pod(rayservice: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,12 @@ from tests.support.monitoring import (
     ALERTS_TEST_YML,
     ALERTS_YML,
     KNOWN_SERIES,
+    MODEL_SERIES,
+    RAY_SERVE_HTTP_SERIES,
     REQUIRED_ALERTS,
+    ROOT,
+    ROUTER_APPLICATION,
+    ROUTER_SERIES,
     SEVERITIES,
     alert_rules,
     assert_ok,
@@ -51,8 +57,17 @@ RULE_MUTATIONS = [
     ("TextServeLatencyP99OverSLO", "> 500", "> 50"),
     ("TextServeHighErrorRatio", "> 0.01", "> 0.5"),
     ("TextServeHighErrorRatio", "> 0.01", "> 0.001"),
-    # Health probes are not traffic, and their 503s (replica still loading) are not failed requests.
-    ("TextServeGPUUnderutilized", '{route=~"embeddings|predict"}', ""),
+    # The GPU's traffic is its own model application's batches: not the router's requests (which carry
+    # application="textserve", so the join never matches), not any other model's, and a stopped counter
+    # (rate 0) is no traffic.
+    ("TextServeGPUUnderutilized", "ray_inference_batch_size_count", "ray_requests_total"),
+    ("TextServeGPUUnderutilized", "and on (application)", "and on ()"),
+    ("TextServeGPUUnderutilized", "[5m])) > 0", "[5m]))"),
+    # One replica's backlog, not a model's (or the service's) total.
+    ("TextServeInferenceQueueBacklog", "max by (application, deployment, replica)", "sum by (application)"),
+    # Health probes are not client traffic: not in the latency, and their 503s (replica still loading) are
+    # not failed requests.
+    ("TextServeLatencyP99OverSLO", '{route!~"/-/.*|.*healthz"}', ""),
     ("TextServeHighErrorRatio", 'route=~"embeddings|predict",status_code', "status_code"),
 ]
 
@@ -96,3 +111,43 @@ def test_alerts_use_only_exported_metrics() -> None:
         assert names, f"{rule.get('alert')}: no metric in {rule['expr']!r}"
         unknown = names - KNOWN_SERIES
         assert not unknown, f"{rule.get('alert')}: unknown metrics {unknown}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The multi-application shape: the router application has the requests and Serve's HTTP series, each model's
+# own application the inference and GPU series. An alert that joins the two by application never fires.
+
+
+def _model_applications() -> set[str]:
+    apps = yaml.safe_load((ROOT / "examples" / "multi-model.yaml").read_text())["applications"]
+    return {a["name"] for a in apps if a["import_path"].endswith(":build_model")}
+
+
+def test_no_alert_mixes_router_and_model_series() -> None:
+    router = ROUTER_SERIES | RAY_SERVE_HTTP_SERIES
+    for rule in alert_rules():
+        names = metric_names(rule["expr"])
+        assert not (names & router and names & MODEL_SERIES), (
+            f"{rule.get('alert')}: {sorted(names & router)} (router application) with "
+            f"{sorted(names & MODEL_SERIES)} (model applications): never the same application"
+        )
+
+
+def test_alert_unit_tests_use_the_applications_that_report_each_metric() -> None:
+    models = _model_applications()
+    assert models and ROUTER_APPLICATION not in models
+    router = ROUTER_SERIES | RAY_SERVE_HTTP_SERIES
+    seen: set[str] = set()
+    for test in yaml.safe_load(ALERTS_TEST_YML.read_text())["tests"]:
+        for item in test["input_series"]:
+            series = item["series"]
+            name = series.split("{", 1)[0]
+            match = re.search(r'\bapplication="([^"]*)"', series)
+            assert match, f"{test['name']}: no application label in {series}"
+            app = match.group(1)
+            if name in router:
+                assert app == ROUTER_APPLICATION, f"{test['name']}: {name} is the router's, not {app!r}"
+            elif name in MODEL_SERIES:
+                assert app in models, f"{test['name']}: {name} is a model application's, not {app!r}"
+            seen.add(app)
+    assert ROUTER_APPLICATION in seen and len(seen & models) >= 2, sorted(seen)

@@ -9,12 +9,18 @@ import yaml
 
 from tests.support.monitoring import (
     COUNTER,
+    GAUGE,
+    GPU_METRICS,
     HISTOGRAM,
     KNOWN_SERIES,
+    MODEL_SERIES,
     PANEL_TYPES,
+    RAY_SERVE_HTTP_SERIES,
     RAY_SERVE_PLOTTED,
+    ROOT,
+    ROUTER_APPLICATION,
+    ROUTER_SERIES,
     SERVICE_METRICS,
-    SERVICE_SERIES,
     all_panels,
     assert_ok,
     dashboard_exprs,
@@ -39,7 +45,7 @@ def test_dashboard_is_an_importable_grafana_dashboard() -> None:
     variables = {var["name"]: var for var in dashboard["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    assert {"application", "deployment"} <= set(variables)
+    assert {"application", "model", "deployment"} <= set(variables)
     # Every data source reference is the variable: no uid of somebody's Grafana baked in.
     wanted = {"type": "prometheus", "uid": "${datasource}"}
     for panel in all_panels(dashboard["panels"]):
@@ -110,10 +116,199 @@ def test_dashboard_uses_only_exported_metrics() -> None:
         assert not unknown, f"unknown metrics {unknown} in {expr!r}"
 
 
-def test_dashboard_filters_the_service_metrics_by_application() -> None:
+# The service is one router application (ROUTER_APPLICATION) and one application per model: router panels
+# filter by $application, model panels by $model, per-deployment Serve panels by both.
+ROUTER_FILTER = 'application=~"$application"'
+MODEL_FILTER = 'application=~"$model"'
+BOTH_FILTER = 'application=~"$application|$model"'
+
+
+def _selectors(expr: str, name: str) -> list[str]:
+    """The label matchers of every selector of ``name`` in ``expr`` ("" for a bare name)."""
+    return [m.group(1) or "" for m in re.finditer(rf"(?<![\w:]){name}(?![\w:])\s*(\{{[^}}]*\}})?", expr)]
+
+
+def _wanted_filter(name: str) -> str | None:
+    if name in ROUTER_SERIES or name in RAY_SERVE_HTTP_SERIES:
+        return ROUTER_FILTER
+    if name in MODEL_SERIES:
+        return MODEL_FILTER
+    return None
+
+
+def test_dashboard_variables_fit_the_router_and_model_applications() -> None:
+    variables = [var["name"] for var in load_dashboard()["templating"]["list"]]
+    by_name = {var["name"]: var for var in load_dashboard()["templating"]["list"]}
+    app, model, deployment = by_name["application"], by_name["model"], by_name["deployment"]
+
+    def query(var: dict[str, object]) -> str:
+        q = var["query"]
+        return (q["query"] if isinstance(q, dict) else q).strip()  # type: ignore[index,union-attr]
+
+    # The router application, textserve by default.
+    match = re.fullmatch(r"label_values\((\w+),\s*application\)", query(app))
+    assert match and match.group(1) in ROUTER_SERIES, query(app)
+    assert app["current"]["value"] in ([ROUTER_APPLICATION], ROUTER_APPLICATION), app["current"]
+    # The model applications: those that export the model's series, several at once, all by default (no
+    # allValue: "All" is the list of model applications, not .*, which would take in the router too).
+    match = re.fullmatch(r"label_values\((\w+),\s*application\)", query(model))
+    assert match and match.group(1) in MODEL_SERIES, query(model)
+    assert model["multi"] and model["includeAll"] and not model.get("allValue"), model
+    assert model["current"]["value"] == ["$__all"], model["current"]
+    # Deployments of both; the variables it uses are defined before it (Grafana resolves them in order).
+    assert BOTH_FILTER in query(deployment), query(deployment)
+    assert variables.index("application") < variables.index("deployment")
+    assert variables.index("model") < variables.index("deployment")
+
+
+def test_dashboard_filters_each_metric_by_the_application_that_reports_it() -> None:
     for expr in dashboard_exprs():
-        if metric_names(expr) & SERVICE_SERIES:
-            assert 'application=~"$application"' in expr, expr
+        for name in metric_names(expr):
+            wanted = _wanted_filter(name)
+            for matchers in _selectors(expr, name):
+                if wanted is not None:
+                    assert wanted in matchers, f"{name} needs {wanted}: {expr}"
+                    assert "$model" not in matchers or wanted == MODEL_FILTER, expr
+                    assert "$application" not in matchers or wanted == ROUTER_FILTER, expr
+                elif "application" in matchers:  # Ray Serve's per-deployment series: every application
+                    assert BOTH_FILTER in matchers, f"{name} needs {BOTH_FILTER}: {expr}"
+
+
+def test_model_panels_show_each_model_application_apart() -> None:
+    # $model is multi-valued and All by default: a time series of several models must not add them up.
+    model_series = MODEL_SERIES - {s for name in GPU_METRICS for s in exported_series(name, GAUGE)}
+    for panel, target in dashboard_targets():
+        expr = target["expr"]
+        if panel["type"] != "timeseries" or not metric_names(expr) & model_series:
+            continue
+        groupings = re.findall(r"\b(?:sum|max|min|avg|count)\s+by\s*\(([^)]*)\)", expr)
+        assert groupings, f"{panel['title']}: {expr}"
+        for labels in groupings:
+            assert "application" in re.split(r"\s*,\s*", labels.strip()), f"{panel['title']}: {expr}"
+        assert "{{application}}" in target["legendFormat"], panel["title"]
+
+
+# Series as the multi-application service exports them (serve_config.yaml, examples/multi-model.yaml):
+# each metric only on the application that reports it, with Ray's application/deployment/replica tags.
+MODEL_APPLICATIONS = ("all-MiniLM-L6-v2", "demo-mini-embedder")
+# Grafana's interpolation for Prometheus: a multi-value (or All) variable is (v1|v2), one value is itself.
+VARIABLE_VALUES = {
+    "application": ROUTER_APPLICATION,
+    "model": "(" + "|".join(MODEL_APPLICATIONS) + ")",
+    "deployment": ".*",  # its allValue
+}
+SERVE_PER_DEPLOYMENT = {
+    "ray_serve_deployment_error_counter_total": ({"exception_type": "RuntimeError"}, COUNTER),
+    "ray_serve_deployment_processing_latency_ms": ({}, HISTOGRAM),
+    "ray_serve_deployment_queued_queries": ({}, GAUGE),
+    "ray_serve_replica_processing_queries": ({}, GAUGE),
+    "ray_serve_deployment_request_counter_total": ({}, COUNTER),
+    "ray_serve_deployment_replica_healthy": ({}, GAUGE),
+    "ray_serve_replica_utilization_percent": ({}, GAUGE),
+}
+
+
+def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
+    out: list[tuple[str, dict[str, str], str]] = []
+    router = {"application": ROUTER_APPLICATION, "deployment": "Ingress", "replica": "r0uter01"}
+    http = {"application": ROUTER_APPLICATION, "route": "/v1/embeddings", "method": "POST"}
+    for code in ("200", "503"):
+        out.append(("ray_requests_total", {**router, "route": "embeddings", "status_code": code}, COUNTER))
+    out.append(("ray_rejected_total", {**router, "reason": "overloaded"}, COUNTER))
+    out.append(("ray_serve_http_request_latency_ms", {**http, "status_code": "200"}, HISTOGRAM))
+    out.append(("ray_serve_num_http_requests_total", {**http, "status_code": "200"}, COUNTER))
+    out.append(("ray_serve_num_http_error_requests_total", {**http, "error_code": "503"}, COUNTER))
+    out.append(
+        (
+            "ray_serve_num_deployment_http_error_requests_total",
+            {**router, **http, "error_code": "503"},
+            COUNTER,
+        )
+    )
+    out.append(("ray_serve_num_ongoing_http_requests", {"node_ip_address": "10.0.0.1"}, GAUGE))
+    deployments = [router]
+    for i, app in enumerate(MODEL_APPLICATIONS):
+        tags = {
+            d: {"application": app, "deployment": d, "replica": f"m{i}{d[:6].lower()}"}
+            for d in ("Model", "Tokenizer", "Inference", "Serializer")
+        }
+        deployments += tags.values()
+        inference = {**tags["Inference"], "instance": "10.0.0.1:8080"}
+        for name in ("batch_size", "batch_tokens", "padding_efficiency", "queue_wait_ms", "per_sample_ms"):
+            out.append((f"ray_inference_{name}", inference, HISTOGRAM))
+        out.append(("ray_inference_queue_length", inference, GAUGE))
+        info = {"model": app, "version": "1", "backend": "torch", "device": "cuda:0"}
+        out.append(("ray_model_info", {**inference, **info}, GAUGE))
+        out.append(("ray_gpu_utilization_percent", {**inference, "device": str(i)}, GAUGE))
+        out.append(("ray_gpu_memory_used_bytes", {**inference, "device": str(i)}, GAUGE))
+        out.append(("ray_tokenize_ms", tags["Tokenizer"], HISTOGRAM))
+        out.append(("ray_serialize_ms", tags["Serializer"], HISTOGRAM))
+    for labels in deployments:
+        for name, (extra, kind) in SERVE_PER_DEPLOYMENT.items():
+            out.append((name, {**labels, **extra}, kind))
+    return out
+
+
+def _input_series() -> list[dict[str, str]]:
+    def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+        inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        return {"series": f"{name}{{{inner}}}", "values": values}
+
+    out = []
+    for name, labels, kind in _realistic_series():
+        if kind == HISTOGRAM:
+            for le in ("10.0", "+Inf"):
+                out.append(series(f"{name}_bucket", {**labels, "le": le}, "0+4x40"))
+            out.append(series(f"{name}_sum", labels, "0+20x40"))
+            out.append(series(f"{name}_count", labels, "0+4x40"))
+        else:
+            out.append(series(name, labels, "0+4x40" if kind == COUNTER else "3x40"))
+    return out
+
+
+def _with_values(expr: str) -> str:
+    expr = re.sub(r"\$\{?__(?:rate_)?(?:interval|range)\}?", "1m", expr)
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: VARIABLE_VALUES[m.group(1)], expr)
+
+
+def test_every_panel_and_variable_has_data_from_the_multi_application_service(tmp_path: Path) -> None:
+    # Every panel query (and variable selector), with the variables' defaults, on series labelled as the
+    # router and model applications export them, returns something: no panel filters a metric by an
+    # application that never reports it.
+    exprs = [(f"{panel['title']} {target['refId']}", target["expr"]) for panel, target in dashboard_targets()]
+    exprs += [(f"variable selector {q}", q) for q in variable_queries()]
+    (tmp_path / "empty_rules.yml").write_text("groups: []\n")
+    doc = {
+        "rule_files": ["empty_rules.yml"],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "name": "dashboard",
+                "interval": "15s",
+                "input_series": _input_series(),
+                "promql_expr_test": [
+                    {
+                        "expr": f"clamp_max(count({_with_values(expr)}), 1)",
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": "{}", "value": 1}],
+                    }
+                    for _, expr in exprs
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "dashboard_test.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    result = promtool("test", "rules", str(path))
+    assert result.returncode == 0, "panels without data:\n" + result.stdout + result.stderr
+
+
+def test_router_application_is_the_one_of_the_serve_configs() -> None:
+    for config in ("serve_config.yaml", "examples/multi-model.yaml"):
+        apps = yaml.safe_load((ROOT / config).read_text())["applications"]
+        routers = [a["name"] for a in apps if a["import_path"].endswith(":build_router")]
+        assert routers == [ROUTER_APPLICATION], config
+        assert {a["name"] for a in apps} - {ROUTER_APPLICATION}, f"{config}: no model application"
 
 
 def test_dashboard_exprs_are_valid_promql(tmp_path: Path) -> None:

@@ -178,6 +178,15 @@ def test_predict_payload_embed_base64():
         np.testing.assert_array_equal(_b64_to_vec(row), expected)
 
 
+def test_payloads_name_the_model_by_the_id_the_client_used():
+    """An application may serve a model under another name: answers carry the name the client sent."""
+    options = ResponseOptions(route="embeddings", model_id="team-a-embedder")
+    assert embeddings_payload(_embed(), options, None)["model"] == "team-a-embedder"
+    options = ResponseOptions(route="predict", model_id="team-a-sentiment")
+    assert predict_payload(_classify([[0.2, 0.5, 0.3]]), options, None)["model"] == "team-a-sentiment"
+    assert predict_payload(_embed(), ResponseOptions(route="predict"), None)["model"] == MODEL.name
+
+
 def test_predict_payload_classify():
     probs = [[0.2, 0.5, 0.3], [0.7, 0.1, 0.2]]
     body = predict_payload(_classify(probs), ResponseOptions(route="predict"), None)

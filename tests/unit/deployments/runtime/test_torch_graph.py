@@ -97,8 +97,8 @@ def test_check_batches_cover_padding_and_single_tokens() -> None:
 
 
 def test_graph_setting_is_validated() -> None:
-    assert RuntimeConfig().torch_graph == "eager"
-    assert RuntimeConfig(torch_graph="trace").torch_graph == "trace"
+    assert RuntimeConfig().torch_graph == "trace"  # the default lives in code now
+    assert RuntimeConfig(torch_graph="eager").torch_graph == "eager"
     with pytest.raises(ValidationError):
         RuntimeConfig(torch_graph="compile")
     model = resolve_model(ModelConfig(), hash_files=False)

@@ -12,11 +12,14 @@ import yaml
 
 from deployments.tools.k8s_manifest import (
     BASE,
+    GENERATED,
+    MULTI_MODEL_CONFIG,
     OUTPUT,
     OVERLAY,
     SERVE_CONFIG,
     main,
     merge_serve_config,
+    output_for,
     render_rayservice,
 )
 
@@ -100,57 +103,137 @@ def test_render_refuses_a_base_that_sets_serve_config_v2() -> None:
         render_rayservice(_serve("app"), base, {})
 
 
+def test_import_path_selects_applications_and_defaults_fill_only_gaps() -> None:
+    serve = _serve("router", "model")
+    serve["applications"][0]["import_path"] = "deployments.app:build_router"
+    serve["applications"][1]["route_prefix"] = None  # a null in the config is a value, not a deletion
+    serve["applications"][1]["deployments"][1]["autoscaling_config"] = {"target_ongoing_requests": 4}
+    overlay = {
+        "applications": [
+            {"import_path": "*:build_app", "deployments": [
+                {"name": "Inference", "autoscaling_config": {"max_replicas": 8},
+                 "defaults": {"autoscaling_config": {"target_ongoing_requests": 32, "upscale_delay_s": 10}}},
+            ]},
+        ]
+    }  # fmt: skip
+    router, model = merge_serve_config(serve, overlay)["applications"]
+    assert router == serve["applications"][0]
+    assert model["import_path"] == "deployments.app:build_app" and model["route_prefix"] is None
+    policy = model["deployments"][1]["autoscaling_config"]
+    assert policy == {"target_ongoing_requests": 4, "upscale_delay_s": 10, "max_replicas": 8}
+    with pytest.raises(ValueError, match=r"import_path 'x:y'.*does not have"):
+        merge_serve_config(serve, {"applications": [{"name": "*", "import_path": "x:y"}]})
+
+
+def test_a_patch_that_only_deletes_creates_nothing() -> None:
+    merged = merge_serve_config(
+        _serve("app"), {"applications": [{"name": "*", "runtime_env": {"env_vars": {"A": None}}}]}
+    )
+    assert "runtime_env" not in merged["applications"][0]
+
+
+def test_anchors_and_merge_keys_come_out_resolved() -> None:
+    config = yaml.safe_load("""
+env: &env {A: "1", B: "2"}
+applications:
+  - {name: a, import_path: m:f, runtime_env: {env_vars: &vars {<<: *env, C: "3"}}}
+  - {name: b, import_path: m:f, runtime_env: {env_vars: *vars}}
+""")
+    text = render_rayservice(config, BASE_DOC, {})
+    serve_text = yaml.safe_load(text)["spec"]["serveConfigV2"]
+    for doc in (text, serve_text):
+        assert not [
+            e for e in yaml.parse(doc) if isinstance(e, yaml.AliasEvent) or getattr(e, "anchor", None)
+        ]
+    a, b = yaml.safe_load(serve_text)["applications"]
+    assert a["runtime_env"] == b["runtime_env"] == {"env_vars": {"A": "1", "B": "2", "C": "3"}}
+
+
+def test_outputs_are_named_after_their_config() -> None:
+    assert output_for(SERVE_CONFIG) == OUTPUT == Path("k8s/rayservice.yaml")
+    assert output_for(MULTI_MODEL_CONFIG) == Path("k8s/rayservice.multi-model.yaml")
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
-    """A copy of the generator's inputs and output, to change freely."""
-    for rel in (SERVE_CONFIG, BASE, OVERLAY, OUTPUT):
+    """A copy of the generator's inputs and outputs, to change freely."""
+    for rel in (BASE, OVERLAY, *GENERATED, *map(output_for, GENERATED)):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     return tmp_path
 
 
-def test_check_passes_on_the_committed_files(project: Path) -> None:
-    assert main(["--check", "--root", str(project)]) == 0
+# How to name each committed manifest's config on the command line (the default needs nothing).
+SELECT = [
+    pytest.param([], SERVE_CONFIG, id="default"),
+    pytest.param(["--config", str(MULTI_MODEL_CONFIG)], MULTI_MODEL_CONFIG, id="multi-model"),
+]
 
 
+@pytest.mark.parametrize("select", [[], ["--config", str(MULTI_MODEL_CONFIG)], ["--all"]])
+def test_check_passes_on_the_committed_files(project: Path, select: list[str]) -> None:
+    assert main(["--check", *select, "--root", str(project)]) == 0
+
+
+@pytest.mark.parametrize(("select", "config"), SELECT)
 def test_check_fails_with_a_diff_on_a_hand_edited_output(
-    project: Path, capsys: pytest.CaptureFixture
+    project: Path, capsys: pytest.CaptureFixture, select: list[str], config: Path
 ) -> None:
-    target = project / OUTPUT
+    target = project / output_for(config)
     target.write_text(target.read_text().replace("maxReplicas: 8", "maxReplicas: 9"))
-    assert main(["--check", "--root", str(project)]) == 1
+    assert main(["--check", *select, "--root", str(project)]) == 1
+    assert main(["--check", "--all", "--root", str(project)]) == 1
     out = capsys.readouterr().out
     assert "-      maxReplicas: 9\n" in out and "+      maxReplicas: 8\n" in out
-    assert main(["--write", "--root", str(project)]) == 0
-    assert main(["--check", "--root", str(project)]) == 0
+    assert f"--- {output_for(config).as_posix()}\n" in out
+    assert main(["--write", *select, "--root", str(project)]) == 0
+    assert main(["--check", "--all", "--root", str(project)]) == 0
 
 
-def test_a_changed_serve_config_needs_only_a_rewrite(project: Path) -> None:
-    """What the parallel serve_config.yaml changes will do: autoscaling on Inference, a new model version."""
-    config = yaml.safe_load((project / SERVE_CONFIG).read_text())
-    app = config["applications"][0]
+@pytest.mark.parametrize(("select", "config"), SELECT)
+def test_a_changed_serve_config_needs_only_a_rewrite(project: Path, select: list[str], config: Path) -> None:
+    """A model's new version and its own autoscaling policy: the manifest follows after --write alone."""
+    config_doc = yaml.safe_load((project / config).read_text())
+    (app, *_) = [a for a in reversed(config_doc["applications"]) if a["import_path"].endswith(":build_model")]
     app["args"]["model"]["version"] = "2"
     (inference,) = [d for d in app["deployments"] if d["name"] == "Inference"]
     inference.pop("num_replicas", None)
     inference["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 4}
-    (project / SERVE_CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
-    assert main(["--check", "--root", str(project)]) == 1
-    assert main(["--write", "--root", str(project)]) == 0
-    assert main(["--check", "--root", str(project)]) == 0
+    (project / config).write_text(yaml.safe_dump(config_doc, sort_keys=False))
+    assert main(["--check", *select, "--root", str(project)]) == 1
+    other = [c for c in GENERATED if c != config]
+    assert all(main(["--check", "--config", str(c), "--root", str(project)]) == 0 for c in other)
+    assert main(["--write", *select, "--root", str(project)]) == 0
+    assert main(["--check", "--all", "--root", str(project)]) == 0
 
     from ray.serve.schema import ServeDeploySchema
 
-    serve = yaml.safe_load(yaml.safe_load((project / OUTPUT).read_text())["spec"]["serveConfigV2"])
+    rendered = yaml.safe_load((project / output_for(config)).read_text())
+    serve = yaml.safe_load(rendered["spec"]["serveConfigV2"])
     ServeDeploySchema.model_validate(serve)
-    cluster_app = serve["applications"][0]
+    (cluster_app,) = [a for a in serve["applications"] if a["name"] == app["name"]]
     assert cluster_app["args"]["model"]["version"] == "2"
     (remote,) = [d for d in cluster_app["deployments"] if d["name"] == "Inference"]
-    # The local autoscaling settings travel; the overlay raises only the ceiling.
+    # The local autoscaling settings travel; the overlay raises only the ceiling (and fills in the delays).
     assert remote["autoscaling_config"] == {
         "min_replicas": 1,
         "max_replicas": 8,
         "target_ongoing_requests": 4,
+        "upscale_delay_s": 10,
+        "downscale_delay_s": 120,
     }
+
+
+def test_out_writes_elsewhere_and_all_wants_a_mode(project: Path) -> None:
+    out = Path("k8s/staging.yaml")
+    args = ["--config", str(MULTI_MODEL_CONFIG), "--out", str(out), "--root", str(project)]
+    assert main(["--write", *args]) == 0
+    assert main(["--check", *args]) == 0
+    command = "python -m deployments.tools.k8s_manifest --write --config examples/multi-model.yaml"
+    first_line = (project / out).read_text().splitlines()[0]
+    assert first_line == f"# GENERATED by `{command} --out k8s/staging.yaml`"
+    with pytest.raises(SystemExit):
+        main(["--all", "--root", str(project)])
 
 
 def test_missing_input_is_reported_not_raised(project: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,0 +1,81 @@
+"""A model application's card and the version guard between its stages (real tiny models, no Ray)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
+from deployments.pipeline.inference import InferenceDeployment
+from deployments.pipeline.model import ModelDeployment, ServedVersion
+from deployments.repository.manifest import ResolvedModel
+from deployments.repository.resolve import resolve_model
+from preprocess.contracts import TokenizeJob
+from preprocess.errors import InvalidRequestError, UnavailableError
+from preprocess.tokenize import TextTokenizer
+from tests.support.models import build_classifier
+
+
+@pytest.fixture(scope="module")
+def versions(tmp_path_factory: pytest.TempPathFactory) -> list[ResolvedModel]:
+    repo = tmp_path_factory.mktemp("models")
+    build_classifier(repo, version="1")
+    build_classifier(repo, version="2")
+    base = ModelConfig(repository=str(repo), name="tiny-sentiment", task="classify", precision="fp32")
+    return [resolve_model(base.model_copy(update={"version": v})) for v in ("1", "2")]
+
+
+def _card_deployment(models: list[ResolvedModel]) -> ModelDeployment:
+    served = [ServedVersion(model=m, inference=None) for m in models]
+    return ModelDeployment.func_or_class(served, [], None)
+
+
+def test_card_lists_stable_then_candidate_with_the_configured_share(versions):
+    deployment = _card_deployment(versions)
+    card = deployment.card()
+    assert (card.name, card.versions) == ("tiny-sentiment", ["1", "2"])
+    assert [(lane.role, lane.share) for lane in card.lanes] == [("stable", 1.0), ("candidate", 0.0)]
+    assert card.stable.labels == ("negative", "neutral", "positive") and card.stable.max_tokens == 128
+    deployment.reconfigure({"candidate_share": 0.3})
+    assert [lane.share for lane in deployment.card().lanes] == pytest.approx([0.7, 0.3])
+
+
+def test_without_a_candidate_the_share_is_ignored(versions):
+    deployment = _card_deployment(versions[:1])
+    deployment.reconfigure({"candidate_share": 0.5})
+    card = deployment.card()
+    assert card.candidate is None and card.stable.share == 1.0
+
+
+def test_card_share_is_validated(versions):
+    with pytest.raises(ValueError, match="candidate_share"):
+        _card_deployment(versions).reconfigure({"candidate_share": 1.5})
+
+
+def _encode(model: ResolvedModel, text: str):
+    tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
+    return tokenizer.encode(TokenizeJob([text]).texts, False)
+
+
+def test_inference_refuses_ids_made_by_another_tokenizer(versions):
+    """During a rolling update one version's tokenizer may meet the other's model: never run those ids."""
+    model = versions[0]
+    inference = InferenceDeployment.func_or_class(model, "cpu", RuntimeConfig(), ObservabilityConfig())
+    batched = []
+
+    async def batch(queued):  # Serve's batch queue needs a replica; what reaches it is the point here
+        batched.append(queued.group)
+        return ["answer"]
+
+    inference._infer_batch = batch
+    encoded = dataclasses.replace(_encode(model, "a fine day"), tokenizer_id=model.tokenizer_id)
+    assert asyncio.run(inference.infer(encoded)) == "answer"
+    assert batched == [[encoded]]
+    foreign = dataclasses.replace(encoded, tokenizer_id="another-tokenizer")
+    refused = asyncio.run(inference.infer(foreign))
+    assert isinstance(refused, UnavailableError) and "changing versions" in str(refused)
+    error = InvalidRequestError("bad input")  # an earlier stage's error passes through untouched
+    assert asyncio.run(inference.infer(error)) is error
+    assert len(batched) == 1  # neither reached the model
