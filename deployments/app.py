@@ -1,8 +1,9 @@
 """Application builders named by ``serve_config.yaml``.
 
 ``build_router`` is the HTTP application: one ingress that routes by the request's ``model``.
-``build_model`` is one model's application: its tokenizer, batched inference and serializer
-deployments (one set per served version), and its card. Each model is its own application, so a
+``build_model`` is one model's application: its pipeline (``Model``: groups concurrent requests, drives
+the stages, holds the card), its tokenizer and batched inference deployments (one pair per served
+version) and its serializer. Each model is its own application, so a
 new version of one model rolls that model's replicas only.
 """
 
@@ -31,13 +32,13 @@ def build_model(args: dict[str, Any]) -> Application:
     """Refuses (raises ManifestError naming the model and the field) when a version does not check out."""
     config = ModelAppArgs.model_validate(args or {})
     obs = config.observability
-    versions, tokenizers = [], []
+    versions = []
     for role, model_config in zip(ROLES, config.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)
         prefix = ROLE_PREFIX[role]
-        tokenizers.append(TokenizerDeployment.options(name=prefix + TOKENIZER).bind(model, obs))
+        tokenizer = TokenizerDeployment.options(name=prefix + TOKENIZER).bind(model, obs)
         inference = InferenceDeployment.options(name=prefix + INFERENCE).bind(
             model, model_config.device, config.runtime, obs
         )
-        versions.append(ServedVersion(model=model, inference=inference))
-    return ModelDeployment.bind(versions, tokenizers, SerializerDeployment.bind(obs))
+        versions.append(ServedVersion(model=model, tokenizer=tokenizer, inference=inference))
+    return ModelDeployment.bind(versions, SerializerDeployment.bind(obs))

@@ -235,8 +235,18 @@ class IngressConfig(_Frozen):
     )
 
 
-class ModelCardConfig(_Frozen):
-    """``user_config`` of a model application's ``Model`` deployment (its card)."""
+class PipelineConfig(_Frozen):
+    """``user_config`` of a model application's ``Model`` deployment: its pipeline and its card.
+
+    Concurrent requests for the model travel its stages (tokenize, infer, serialize) as one group per call,
+    so the per-call cost of a hop is shared; the model's batches form in Inference."""
+
+    max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
+    # A maximum, never a minimum: a request with nothing in flight leaves at once; while groups are in
+    # flight, requests that arrive meanwhile gather for the next one (docs/architecture.md).
+    group_wait_timeout_s: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="The longest a group's first request waits for company."
+    )
 
     candidate_share: float = Field(
         default=0.0,

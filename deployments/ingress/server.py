@@ -1,10 +1,9 @@
-"""The HTTP ingress: parse and validate, route by the request's ``model``, chain that model's stages, answer.
+"""The HTTP ingress: parse and validate, route by the request's ``model``, answer.
 
-It routes and answers; it does not batch. Each request goes on its own through its model's tokenizer,
-inference (where batches form, per model) and serializer deployments, called by name in the model's
-application. The calls are chained without awaiting in between: each stage passes an error from the
-one before on untouched, so the ingress waits once, for the answer. Errors from any stage arrive here
-and are turned into HTTP responses by ``errors`` only.
+It routes and answers; it does not batch. Each request goes to its model's pipeline (the ``Model``
+deployment of the model's application, called by name), which groups it with the model's other requests
+through the stages; the model's batches form in its Inference deployment. Errors from any stage arrive
+here and are turned into HTTP responses by ``errors`` only.
 """
 
 # No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
@@ -32,7 +31,8 @@ from deployments.ingress.errors import (
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.setup import setup_replica
-from deployments.pipeline.card import MODEL, SERIALIZER, ModelCard
+from deployments.pipeline.card import MODEL, ModelCard
+from deployments.pipeline.request_group import ModelRequest
 from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.render import negotiate_media_type, render
 from preprocess.contracts import TokenizeJob
@@ -160,18 +160,19 @@ class Ingress:
         job = TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace)
         self._in_flight += 1
         lane = route.lane
-        # Chained without awaiting: Serve hands each stage's result to the next; errors pass through.
-        encoded = self._handle(route.model, lane.tokenizer).encode.remote(job)
-        output = self._handle(route.model, lane.inference).infer.remote(encoded)
-        answer = self._handle(route.model, SERIALIZER).serialize.remote(output, options)
+        answer = self._handle(route.model, MODEL).run.remote(ModelRequest(job, options, lane.version))
         result: SerializedResponse | ServiceError
         try:
             result = await asyncio.wait_for(answer, timeout)
         except asyncio.TimeoutError:
+            answer.cancel()  # the pipeline drops it before it costs model time
             result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
+        except asyncio.CancelledError:  # the client disconnected: Serve cancelled this handler
+            answer.cancel()
+            raise
         except Exception as exc:  # a stage failed as a whole (its replica died: wrapped by Ray)
             result = as_service_error(exc)
-        finally:  # a client that left cancels this handler, and with it the calls (Serve passes it on)
+        finally:
             self._in_flight -= 1
             if trace is not None:
                 attributes = {"model": route.model, "version": lane.version}

@@ -1,7 +1,7 @@
 """What a model application tells the router about itself: its card. No Ray here.
 
 The router asks each model's ``Model`` deployment for its card and routes by it: which versions are
-served, under which deployment names, with which traffic share. A new version rolled into the same
+served, with which traffic share. A new version rolled into the same
 deployment names only changes the card, so the router follows a rollout without being redeployed.
 """
 
@@ -19,7 +19,7 @@ ROLE_PREFIX: dict[Role, str] = {"stable": "", "candidate": "Candidate"}
 TOKENIZER = "Tokenizer"
 INFERENCE = "Inference"
 SERIALIZER = "Serializer"
-MODEL = "Model"  # the application's ingress: the card and readiness, never on a request's path
+MODEL = "Model"  # the application's ingress: its pipeline (groups requests through the stages) and card
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,12 +69,10 @@ def batch_size(queued: list[QueuedGroup]) -> int:
     return min(size, limits.max_sequences) if len(groups) == 1 else size
 
 
-# Each call is one request; the batch queue holds up to max_ongoing_requests of them, Serve's queue the rest.
+# Each call is a group of requests from the model's pipeline; its batch queue holds up to
+# max_ongoing_requests groups, Serve's queue the rest.
 @serve.deployment(
-    name="Inference",
-    ray_actor_options={"num_cpus": 1.0},
-    max_ongoing_requests=256,
-    max_queued_requests=512,
+    name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128, max_queued_requests=256
 )
 class InferenceDeployment:
     def __init__(
@@ -139,23 +137,26 @@ class InferenceDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
 
-    async def infer(self, encoded: EncodedTexts | ServiceError) -> ModelOutput | ServiceError:
-        """One request's sequences, batched with whatever else is queued; an error passes through."""
-        if isinstance(encoded, ServiceError):
-            return encoded
-        if encoded.tokenizer_id and encoded.tokenizer_id != self._tokenizer_id:
-            # A rolling update met two versions' stages; the retry meets one version.
-            return UnavailableError("the model is changing versions; retry shortly")
-        queued = QueuedGroup([encoded], time.perf_counter(), time.time_ns())
+    async def infer(self, group: Group) -> Answers:
+        """A group of requests' sequences, batched with whatever else is queued; errors pass through."""
+        group = [self._same_tokenizer(member) for member in group]
+        queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
         self._metrics.queue_changed(queued.requests)
         try:
-            answers = await self._infer_batch(queued)
-            if len(answers) != 1:
-                raise RuntimeError(f"{len(answers)} answers for one request")
-            return answers[0]
+            return await self._infer_batch(queued)
         finally:
             if not queued.started:  # cancelled (its client left) before its batch started
                 self._metrics.queue_changed(-queued.requests)
+
+    def _same_tokenizer(self, member: EncodedTexts | ServiceError) -> EncodedTexts | ServiceError:
+        if (
+            isinstance(member, EncodedTexts)
+            and member.tokenizer_id
+            and member.tokenizer_id != self._tokenizer_id
+        ):
+            # A rolling update met two versions' stages: never run another tokenizer's ids; a retry meets one.
+            return UnavailableError("the model is changing versions; retry shortly")
+        return member
 
     @serve.batch(
         max_batch_size=_DEFAULTS.max_batch_size,

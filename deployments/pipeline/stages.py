@@ -1,7 +1,7 @@
 """The tokenizer and serializer deployments: thin Ray Serve adapters over preprocess/ and postprocess/.
 
-Both take one request per call and answer it with a result or its own error; an error that comes in
-is passed on untouched, so the router can chain the stages without looking in between.
+Both take a group of requests per call (the model's pipeline groups concurrent requests) and answer
+each one with a result or its own error, so one bad request never fails the others.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from preprocess.tokenize import TextTokenizer
 
 log = logging.getLogger("textserve.stages")
 
-# A small request is tokenized or serialized on the replica's event loop: a few texts take tens of
+# A small group is tokenized or serialized on the replica's event loop: a few texts take tens of
 # microseconds, less than the hop to a worker thread and back that Serve makes for a sync method
 # (single texts at concurrency 8: +5 % req/s, median of six alternating runs). Bounded by size, not
-# count, so one huge text never holds the loop; larger requests go to the stage's own threads.
+# count, so one huge text never holds the loop; larger groups go to the stage's own threads.
 INLINE_CHARS = 16384  # characters to tokenize (~0.5 ms)
 INLINE_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of smaller ones)
 
@@ -40,7 +40,7 @@ def _stage_threads(name: str) -> ThreadPoolExecutor:
 
 
 @serve.deployment(
-    name="Tokenizer", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=256, max_queued_requests=512
+    name="Tokenizer", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=64, max_queued_requests=256
 )
 class TokenizerDeployment:
     def __init__(self, model: ResolvedModel, observability: ObservabilityConfig) -> None:
@@ -50,32 +50,32 @@ class TokenizerDeployment:
         self._ms = StageMetrics("tokenize_ms", "Time to tokenize one request.").ms
         self._threads = _stage_threads("tokenize")
 
-    async def encode(self, job: TokenizeJob) -> EncodedTexts | ServiceError:
-        """One request's texts; its error comes back as its answer (later stages pass it on)."""
-        if sum(len(text) for text in job.texts) <= INLINE_CHARS:
-            return self._encode(job)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, self._encode, job)
+    async def encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
+        if sum(len(text) for job in jobs for text in job.texts) <= INLINE_CHARS:
+            return self._encode(jobs)
+        return await asyncio.get_running_loop().run_in_executor(self._threads, self._encode, jobs)
 
-    def _encode(self, job: TokenizeJob) -> EncodedTexts | ServiceError:
-        start = time.perf_counter()
-        result: EncodedTexts | ServiceError
-        try:
-            result = dataclasses.replace(
-                self._tokenizer.encode(job.texts, job.truncate),
-                deadline=job.deadline,
-                trace=job.trace,
-                tokenizer_id=self._tokenizer_id,
-            )
-        except ServiceError as exc:
-            result = exc
-        except Exception:  # a bug on one request's input answers that request with a 500, nothing more
-            log.exception("tokenizer failed on a request", extra={"request_id": job.request_id})
-            result = InternalError("tokenization failed for this request")
-        self._ms.observe((time.perf_counter() - start) * 1000.0)
-        if job.trace is not None:
-            end_ns = time.time_ns()
-            self._tracing.record_span(job.trace, "tokenize", end_ns - _ns(start), end_ns)
-        return result
+    def _encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
+        results: list[EncodedTexts | ServiceError] = []
+        for job in jobs:
+            start = time.perf_counter()
+            try:
+                encoded = self._tokenizer.encode(job.texts, job.truncate)
+                results.append(
+                    dataclasses.replace(
+                        encoded, deadline=job.deadline, trace=job.trace, tokenizer_id=self._tokenizer_id
+                    )
+                )
+            except ServiceError as exc:
+                results.append(exc)
+            except Exception:  # a bug on one request's input must not fail the others in its group
+                log.exception("tokenizer failed on a request", extra={"request_id": job.request_id})
+                results.append(InternalError("tokenization failed for this request"))
+            self._ms.observe((time.perf_counter() - start) * 1000.0)
+            if job.trace is not None:
+                end_ns = time.time_ns()
+                self._tracing.record_span(job.trace, "tokenize", end_ns - _ns(start), end_ns)
+        return results
 
 
 def _ns(perf_start: float) -> int:
@@ -83,7 +83,7 @@ def _ns(perf_start: float) -> int:
 
 
 @serve.deployment(
-    name="Serializer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=256, max_queued_requests=512
+    name="Serializer", ray_actor_options={"num_cpus": 0.1}, max_ongoing_requests=64, max_queued_requests=256
 )
 class SerializerDeployment:
     def __init__(self, observability: ObservabilityConfig) -> None:
@@ -96,28 +96,34 @@ class SerializerDeployment:
         self._config = SerializerConfig.model_validate(user_config)
 
     async def serialize(
-        self, output: ModelOutput | ServiceError, options: ResponseOptions
-    ) -> SerializedResponse | ServiceError:
-        if isinstance(output, ServiceError):
-            return output
-        if output.values.size <= INLINE_VALUES:
-            return self._serialize(output, options)
+        self, outputs: list[ModelOutput | ServiceError], options: list[ResponseOptions]
+    ) -> list[SerializedResponse | ServiceError]:
+        if sum(o.values.size for o in outputs if not isinstance(o, ServiceError)) <= INLINE_VALUES:
+            return self._serialize(outputs, options)
         return await asyncio.get_running_loop().run_in_executor(
-            self._threads, self._serialize, output, options
+            self._threads, self._serialize, outputs, options
         )
 
-    def _serialize(self, output: ModelOutput, options: ResponseOptions) -> SerializedResponse | ServiceError:
-        start = time.perf_counter()
-        result: SerializedResponse | ServiceError
-        try:
-            result = serialize(output, options, self._config.float_decimals)
-        except ServiceError as exc:
-            result = exc
-        except Exception:
-            log.exception("serializer failed on a request")
-            result = InternalError("serialization failed for this request")
-        self._ms.observe((time.perf_counter() - start) * 1000.0)
-        if output.trace is not None:
-            end_ns = time.time_ns()
-            self._tracing.record_span(output.trace, "serialize", end_ns - _ns(start), end_ns)
-        return result
+    def _serialize(
+        self, outputs: list[ModelOutput | ServiceError], options: list[ResponseOptions]
+    ) -> list[SerializedResponse | ServiceError]:
+        if len(outputs) != len(options):
+            raise RuntimeError(f"{len(outputs)} outputs for {len(options)} requests")
+        results: list[SerializedResponse | ServiceError] = []
+        for output, opts in zip(outputs, options, strict=True):
+            if isinstance(output, ServiceError):
+                results.append(output)
+                continue
+            start = time.perf_counter()
+            try:
+                results.append(serialize(output, opts, self._config.float_decimals))
+            except ServiceError as exc:
+                results.append(exc)
+            except Exception:
+                log.exception("serializer failed on a request")
+                results.append(InternalError("serialization failed for this request"))
+            self._ms.observe((time.perf_counter() - start) * 1000.0)
+            if output.trace is not None:
+                end_ns = time.time_ns()
+                self._tracing.record_span(output.trace, "serialize", end_ns - _ns(start), end_ns)
+        return results

@@ -22,10 +22,11 @@ from deployments.config import (
     BatchingConfig,
     IngressConfig,
     ModelAppArgs,
-    ModelCardConfig,
+    PipelineConfig,
     RouterArgs,
     SerializerConfig,
 )
+from deployments.pipeline.card import INFERENCE, MODEL, SERIALIZER, TOKENIZER
 from deployments.repository.manifest import ManifestError
 from deployments.repository.resolve import resolve_model
 from deployments.tools.ports import PortHolder, holders
@@ -36,7 +37,7 @@ USER_CONFIGS = {
     "Inference": BatchingConfig,
     "Serializer": SerializerConfig,
     "Ingress": IngressConfig,
-    "Model": ModelCardConfig,
+    "Model": PipelineConfig,
 }
 # What a model application names explicitly even where it equals a default: which model artifact it
 # serves, checked against the manifest.
@@ -103,24 +104,42 @@ def decorator_options() -> dict[str, dict[str, Any]]:
     return found
 
 
+def _deployment_names(app: ServeApplicationSchema, args: RouterArgs | ModelAppArgs) -> list[str]:
+    """Every deployment the application's builder makes (written in the config or not)."""
+    if isinstance(args, RouterArgs):
+        made = ["Ingress"]
+    else:
+        prefixes = ("", "Candidate")[: len(args.served_models())]
+        made = [MODEL, *(prefix + name for prefix in prefixes for name in (TOKENIZER, INFERENCE)), SERIALIZER]
+    return [*made, *(d.name for d in app.deployments if d.name not in made)]
+
+
 def effective_settings(path: Path) -> dict[str, Any]:
     """Every setting of every textserve application: the config's choices over the code's defaults."""
     schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
+    options = decorator_options()
     out: dict[str, Any] = {}
     for app in schema.applications:
         kind = {ROUTER: RouterArgs, MODEL_APP: ModelAppArgs}.get(app.import_path)
         if kind is None:
             continue
-        entry: dict[str, Any] = {"args": kind.model_validate(app.args or {}).model_dump(mode="json")}
-        options = decorator_options()
-        for deployment in app.deployments:
-            written = deployment.model_dump(exclude_unset=True, exclude={"name", "user_config"})
-            entry[deployment.name] = {**options.get(deployment.name.removeprefix("Candidate"), {}), **written}
-            config = USER_CONFIGS.get(deployment.name.removeprefix("Candidate"))
+        args = kind.model_validate(app.args or {})
+        entry: dict[str, Any] = {"args": args.model_dump(mode="json")}
+        written = {d.name: d for d in app.deployments}
+        for name in _deployment_names(app, args):
+            role = name.removeprefix("Candidate")
+            deployment = written.get(name)
+            given = (
+                deployment.model_dump(exclude_unset=True, exclude={"name", "user_config"})
+                if deployment
+                else {}
+            )
+            entry[name] = {**options.get(role, {}), **given}
+            config = USER_CONFIGS.get(role)
             if config is not None:
-                given = deployment.user_config if isinstance(deployment.user_config, dict) else {}
-                user_config = config.model_validate(given)
-                entry[f"{deployment.name}.user_config"] = user_config.model_dump(mode="json")
+                user_config = deployment.user_config if deployment else None
+                model = config.model_validate(user_config if isinstance(user_config, dict) else {})
+                entry[f"{name}.user_config"] = model.model_dump(mode="json")
         out[app.name] = entry
     return out
 
@@ -143,10 +162,10 @@ def main(argv: list[str] | None = None) -> int:
         "--defaults", action="store_true", help="print every setting in force (the config over the defaults)"
     )
     ns = parser.parse_args(argv)
-    if ns.defaults:
-        print(yaml.safe_dump(effective_settings(ns.config), sort_keys=False), end="")
-        return 0
     try:
+        if ns.defaults:
+            print(yaml.safe_dump(effective_settings(ns.config), sort_keys=False), end="")
+            return 0
         for line in check_config(ns.config):
             print(f"ok  {line}")
         busy = busy_ports(yaml.safe_load(ns.config.read_text()))

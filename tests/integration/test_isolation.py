@@ -8,18 +8,20 @@ all phases while B is disturbed:
 2. B overloaded: many clients flood B with lists of texts (B may refuse: 503/504 are fine for B);
 3. B rolled v1 -> v2, then v2 -> v1, by config (as ``serve deploy`` does); each roll ends when B answers with
    the new ``X-Model-Version`` and its application has settled;
-4. B's Inference replica actor killed (``ray.kill``), until B answers again.
+4. B's Inference replica actor killed (``ray.kill``), until B answers again (a request sent after the
+   replica's process exited), then a few seconds more.
 
 Asserted: A fails no request in any phase (every answer a 200; client timeouts above the service's 30 s
 deadline, so a hang shows as a failure, not as a stuck test); A's replicas and the router's are the same
 before and after (B's rollout and death touch B only); A's p99 latency in each disturbed phase stays within
-``P99_FACTOR`` x its baseline p99 + ``P99_SLACK_S``. A table of the phases is printed (run with ``-s``) for
-docs/reliability.md ("Isolation between models").
+``P99_FACTOR`` x its baseline p99 + ``P99_SLACK_S``, at most ``P99_CEILING_S``. A table of the phases is
+printed (run with ``-s``) for docs/reliability.md ("Isolation between models").
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -57,12 +59,17 @@ RECOVERY_TIMEOUT_S = 60.0
 MIN_A_ANSWERS = 10  # per phase: fewer and the phase's p99 says nothing
 # A's p99 in a disturbed phase must stay within P99_FACTOR x its baseline p99 + P99_SLACK_S. Both models, the
 # router, HAProxy and this test's 40+ client threads share the same 2 cores (often with other jobs), so B's
-# overload takes CPU from A: A is slower, not isolated in time. What isolation promises is that A keeps
-# answering, and answers in time of the same order. Measured here (docs/reliability.md): baseline p99
-# 40-120 ms, flood p99 up to ~4x baseline, rollout/kill phases under ~2x; the bound leaves room for a busy
-# shared machine while still catching A queued behind B (a few seconds, up to the 30 s deadline).
-P99_FACTOR = 8.0
-P99_SLACK_S = 0.5
+# flood and B's new replicas starting take CPU from A: A is slower, not isolated in time. What isolation
+# promises is that A keeps answering, and is never held by B. Measured (docs/reliability.md): baseline p99
+# 62-78 ms, but single stalls of 1.4-2.0 s in every run, even in the baseline with A alone (machine noise);
+# a flood phase with 50-90 A requests has its slowest as its p99, so the slack sits above one such stall.
+# Disturbed p99s measured 0.14-1.8 s. The bound (~2.8-2.9 s) still fails A held by B's outage (B's requests
+# waited 23-31 s for the new replica here) or by the 30 s deadline.
+# A baseline caught in such a stall has a p99 of ~2 s itself (one run of four): P99_CEILING_S caps the bound,
+# so a noisy baseline cannot make it lax.
+P99_FACTOR = 5.0
+P99_SLACK_S = 2.5
+P99_CEILING_S = 5.0
 
 
 @dataclass
@@ -102,26 +109,35 @@ def _settled(app: str) -> bool:
     )
 
 
-def _inference_actor_names(app: str) -> list[str]:
-    """Names of the live Inference replica actors of ``app`` (Serve's namespace), as test_replica_kill."""
-    try:
-        from ray.util.state import list_actors
+def _inference_replicas(app: str) -> list[dict[str, Any]]:
+    """Serve's details of each replica of ``app``'s Inference deployment (id, state, actor name, pid)."""
+    from ray.serve.context import _get_global_client
 
-        replica_class = f"ServeReplica:{app}:Inference"
-        actors = list_actors(filters=[("class_name", "=", replica_class), ("state", "=", "ALIVE")])
-        names = [a.name for a in actors if a.name]
-        if names:
-            return names
-    except Exception as exc:
-        print(f"state API unavailable ({type(exc).__name__}); using the named-actor registry")
-    import ray
+    details = _get_global_client().get_serve_details()["applications"]
+    return list(details[app]["deployments"]["Inference"]["replicas"])
 
-    prefix = f"SERVE_REPLICA::{app}#Inference#"
-    return [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == "serve" and a["name"].startswith(prefix)
-    ]
+
+def _one_running_inference(app: str, timeout_s: float = 30) -> dict[str, Any]:
+    """``app``'s Inference replica, once it is the only one (rolled-away replicas may still be stopping)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        replicas = _inference_replicas(app)
+        if len(replicas) == 1 and replicas[0]["state"] == "RUNNING":
+            return replicas[0]
+        time.sleep(0.5)
+    raise TimeoutError(f"{app} has not one running Inference replica: {_inference_replicas(app)}")
+
+
+def _exited(pid: int, timeout_s: float) -> float:
+    """Until process ``pid`` (a replica on this machine) has exited; returns when it had."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return time.monotonic()
+        time.sleep(0.05)
+    raise TimeoutError(f"replica process {pid} still runs {timeout_s} s after ray.kill")
 
 
 def _entries(harness: ServeHarness, repo: Path, b_version: str) -> list[dict[str, Any]]:
@@ -227,15 +243,17 @@ def test_model_b_overload_rollout_and_replica_death_leave_model_a_alone(
                 done = _wait_b(probe, phase.start, ROLLOUT_TIMEOUT_S, version=version)
                 print(f"\nB rolled to v{version} in {done - phase.start:.1f} s")
 
-            deadline = time.monotonic() + 30
-            while len(names := _inference_actor_names(B)) != 1 and time.monotonic() < deadline:
-                time.sleep(0.5)  # the rolled-away replicas may still be stopping
-            assert names, "no Inference replica of B to kill"
+            victim = _one_running_inference(B)
+            assert victim["actor_name"].startswith(f"SERVE_REPLICA::{B}#Inference#"), victim
             phase = begin("B Inference killed")
-            for name in names:
-                ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
-            done = _wait_b(probe, time.monotonic(), RECOVERY_TIMEOUT_S)
-            print(f"B answered again {done - phase.start:.1f} s after the kill of {names}")
+            ray.kill(ray.get_actor(victim["actor_name"], namespace="serve"), no_restart=True)
+            # ray.kill returns before the process is gone, and a B request sent meanwhile may still be served
+            # by it: B's recovery counts from the moment the replica's process has exited.
+            dead_at = _exited(victim["pid"], timeout_s=30)
+            done = _wait_b(probe, dead_at, RECOVERY_TIMEOUT_S)
+            print(f"B answered again {done - phase.start:.1f} s after the kill of {victim['actor_name']}")
+            replaced = _one_running_inference(B)
+            assert replaced["replica_id"] != victim["replica_id"], "the killed replica still serves"
             time.sleep(PHASE_S / 2)  # A's traffic keeps flowing after B's recovery
             phases[-1].end = time.monotonic()
         b_answers += probe.snapshot()
@@ -250,12 +268,18 @@ def test_model_b_overload_rollout_and_replica_death_leave_model_a_alone(
     for row in rows:
         print(row)
     baseline_p99 = rows[0].p99
-    bound = P99_FACTOR * baseline_p99 + P99_SLACK_S
+    bound = min(P99_FACTOR * baseline_p99 + P99_SLACK_S, P99_CEILING_S)
     print(
         f"A p99 bound: {P99_FACTOR:g} x baseline p99 {baseline_p99 * 1000:.0f} ms"
-        f" + {P99_SLACK_S * 1000:.0f} ms = {bound * 1000:.0f} ms;"
+        f" + {P99_SLACK_S * 1000:.0f} ms, at most {P99_CEILING_S * 1000:.0f} ms: {bound * 1000:.0f} ms;"
         f" A total {len(a_answers)} requests, {len(b_answers)} to B"
     )
+    for phase in phases:  # B may fail (it is the one disturbed): shown for the record, not asserted
+        for a in (a for a in b_answers if phase.holds(a) and a.status != 200):
+            print(
+                f"B {a.status} in {phase.name!r}: {a.request_id}, sent +{a.sent - phase.start:.1f} s,"
+                f" answered after {a.latency or 0.0:.1f} s: {a.detail}"
+            )
 
     failed = [a for a in a_answers if a.status != 200]
     assert not failed, [(a.request_id, a.status, a.detail) for a in failed[:10]]

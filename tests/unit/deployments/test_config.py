@@ -18,7 +18,7 @@ from deployments.config import (
     IngressConfig,
     LimitsConfig,
     ModelAppArgs,
-    ModelCardConfig,
+    PipelineConfig,
     ModelConfig,
     RouterArgs,
     RuntimeConfig,
@@ -37,7 +37,7 @@ USER_CONFIG_MODELS = {
     "Inference": BatchingConfig,
     "Serializer": SerializerConfig,
     "Ingress": IngressConfig,
-    "Model": ModelCardConfig,
+    "Model": PipelineConfig,
 }
 ARGS_MODELS = {ROUTER: RouterArgs, MODEL_APP: ModelAppArgs}
 

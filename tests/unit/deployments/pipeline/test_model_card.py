@@ -28,8 +28,8 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> list[ResolvedModel]:
 
 
 def _card_deployment(models: list[ResolvedModel]) -> ModelDeployment:
-    served = [ServedVersion(model=m, inference=None) for m in models]
-    return ModelDeployment.func_or_class(served, [], None)
+    served = [ServedVersion(model=m, tokenizer=None, inference=None) for m in models]
+    return ModelDeployment.func_or_class(served, None)
 
 
 def test_card_lists_stable_then_candidate_with_the_configured_share(versions):
@@ -54,6 +54,18 @@ def test_card_share_is_validated(versions):
         _card_deployment(versions).reconfigure({"candidate_share": 1.5})
 
 
+def test_a_version_the_pipeline_no_longer_serves_is_a_404(versions):
+    """The router's card can predate a rollout by a second: a pin to a version gone is answered, not lost."""
+    from deployments.pipeline.request_group import PipelineJob
+    from postprocess.contracts import ResponseOptions
+    from preprocess.errors import ModelNotFoundError
+
+    deployment = _card_deployment(versions[:1])
+    jobs = [PipelineJob(TokenizeJob(["x"]), ResponseOptions(route="predict"), version="9")]
+    (answer,) = asyncio.run(deployment._through_stages(jobs, "9"))
+    assert isinstance(answer, ModelNotFoundError) and "'9'" in str(answer) and "['1']" in str(answer)
+
+
 def _encode(model: ResolvedModel, text: str):
     tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
     return tokenizer.encode(TokenizeJob([text]).texts, False)
@@ -67,15 +79,13 @@ def test_inference_refuses_ids_made_by_another_tokenizer(versions):
 
     async def batch(queued):  # Serve's batch queue needs a replica; what reaches it is the point here
         batched.append(queued.group)
-        return ["answer"]
+        return queued.group
 
     inference._infer_batch = batch
     encoded = dataclasses.replace(_encode(model, "a fine day"), tokenizer_id=model.tokenizer_id)
-    assert asyncio.run(inference.infer(encoded)) == "answer"
-    assert batched == [[encoded]]
     foreign = dataclasses.replace(encoded, tokenizer_id="another-tokenizer")
-    refused = asyncio.run(inference.infer(foreign))
-    assert isinstance(refused, UnavailableError) and "changing versions" in str(refused)
     error = InvalidRequestError("bad input")  # an earlier stage's error passes through untouched
-    assert asyncio.run(inference.infer(error)) is error
-    assert len(batched) == 1  # neither reached the model
+    mine, refused, passed = asyncio.run(inference.infer([encoded, foreign, error]))
+    assert mine is encoded and passed is error
+    assert isinstance(refused, UnavailableError) and "changing versions" in str(refused)
+    assert batched[0][0] is encoded and not isinstance(batched[0][1], type(encoded))

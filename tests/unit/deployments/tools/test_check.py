@@ -110,6 +110,27 @@ def test_defaults_print_the_code_defaults_with_the_config_choices_applied(capsys
     assert model["args"]["runtime"]["torch_graph"] == "trace"  # from code
     assert model["args"]["runtime"]["intra_op_threads"] == 1
     assert model["Inference"]["autoscaling_config"]["target_ongoing_requests"] == 32  # written in the YAML
-    assert model["Inference"]["max_ongoing_requests"] == 256  # the deployment decorator's
+    assert model["Inference"]["max_ongoing_requests"] == 128  # the deployment decorator's
     assert model["Inference.user_config"]["micro_batch_tokens"] == 256 == BatchingConfig().micro_batch_tokens
     assert model["Model.user_config"]["candidate_share"] == 0.0
+
+
+def test_defaults_list_the_deployments_the_config_leaves_out(tmp_path, capsys):
+    config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    model = next(a for a in config["applications"] if a["import_path"] == MODEL_APP)
+    model["deployments"] = [d for d in model["deployments"] if d["name"] != "Serializer"]
+    model["args"]["candidate"] = {"version": "2"}
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["--defaults", str(path)]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)[model["name"]]
+    assert shown["Serializer"]["max_ongoing_requests"] == 64  # the decorator's, nothing written
+    assert shown["Serializer.user_config"]["float_decimals"] == 6
+    assert {"CandidateTokenizer", "CandidateInference", "CandidateInference.user_config"} <= set(shown)
+
+
+def test_defaults_of_an_invalid_config_is_an_error_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "serve_config.yaml"
+    path.write_text(yaml.safe_dump({"applications": [{"name": "x", "import_path": ROUTER, "args": {}}]}))
+    assert main(["--defaults", str(path)]) == 1
+    assert "invalid config" in capsys.readouterr().err
