@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bench.results import Point, is_same_requests_row
 
@@ -72,16 +73,7 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
             color=plt.get_cmap("Dark2")(i % 8),
             label=f"{p.system} {p.workload} ({'model alone' if same_requests else 'limit'})",
         )
-    for ax in axes:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="best")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, list(axes), path, title)
 
 
 def plot_curve(points: Sequence[Point], path: Path, title: str, x_unit: str = "seq/s") -> Path:
@@ -149,8 +141,15 @@ def plot_open_loop(points: Sequence[Point], path: Path, title: str = "") -> Path
     ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
+    return _save(fig, [ax], path, title)
+
+
+def _save(fig: Any, axes: list[Any], path: Path, title: str | None) -> Path:
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="best")
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
