@@ -139,6 +139,14 @@ def test_every_model_runs_on_gpus_the_worker_group_has(
     assert 0 < at_least <= capacity
 
 
+SHIPPED_TARGET = next(
+    d["autoscaling_config"]["target_ongoing_requests"]
+    for a in yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"]
+    for d in a.get("deployments", [])
+    if d["name"] == "Inference"
+)
+
+
 def test_the_cluster_autoscales_inference_on_the_configs_policy(
     serve_v2: dict[str, Any], local_config: dict[str, Any]
 ) -> None:
@@ -148,8 +156,8 @@ def test_the_cluster_autoscales_inference_on_the_configs_policy(
         local = [d for d in local_apps[app["name"]].get("deployments", []) if d["name"] == "Inference"]
         policy = remote["autoscaling_config"]
         assert "num_replicas" not in remote and policy["max_replicas"] == 8, app["name"]
-        # Where the config has a policy, its choices travel; where not, the overlay's defaults (not Serve's
-        # target of 2 ongoing requests, which would add a GPU replica for every third request).
+        # Where the config has a policy, its choices travel; where not, the overlay's defaults: the shipped
+        # target (one ongoing call = one group of up to 64 requests), not Serve's default of 2.
         written = local[0].get("autoscaling_config", {}) if local else {}
         assert {k: v for k, v in written.items() if k != "max_replicas"}.items() <= policy.items()
-        assert policy.get("target_ongoing_requests", 2) > 2, app["name"]
+        assert policy.get("target_ongoing_requests", 2) == SHIPPED_TARGET, app["name"]

@@ -109,7 +109,7 @@ def test_defaults_print_the_code_defaults_with_the_config_choices_applied(capsys
     assert model["args"]["model"]["precision"] == "bf16"  # the config's choice over the code's fp32
     assert model["args"]["runtime"]["torch_graph"] == "trace"  # from code
     assert model["args"]["runtime"]["intra_op_threads"] == 1
-    assert model["Inference"]["autoscaling_config"]["target_ongoing_requests"] == 32  # written in the YAML
+    assert model["Inference"]["autoscaling_config"]["target_ongoing_requests"] == 1  # written in the YAML
     assert model["Inference"]["max_ongoing_requests"] == 128  # the deployment decorator's
     assert model["Inference.user_config"]["micro_batch_tokens"] == 256 == BatchingConfig().micro_batch_tokens
     assert model["Model.user_config"]["candidate_share"] == 0.0
