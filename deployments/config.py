@@ -242,8 +242,8 @@ class PipelineConfig(_Frozen):
     so the per-call cost of a hop is shared; the model's batches form in Inference."""
 
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
-    # A maximum, never a minimum: a request with nothing in flight leaves at once; while groups are in
-    # flight, requests that arrive meanwhile gather for the next one (docs/architecture.md).
+    # A maximum, never a minimum: a group forms when a slot is free and takes what is queued; at 0 a request
+    # with a free slot leaves at once, and requests that arrive while both slots run join the next group.
     group_wait_timeout_s: float = Field(
         default=0.0, ge=0.0, le=1.0, description="The longest a group's first request waits for company."
     )

@@ -17,6 +17,7 @@ from deployments.config import PipelineConfig
 from deployments.ingress.errors import as_service_error
 from deployments.pipeline.card import LaneCard, ModelCard, Role
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
+from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.repository.manifest import ResolvedModel
 from postprocess.contracts import ModelIdentity, SerializedResponse
 from preprocess.contracts import EncodedTexts
@@ -58,11 +59,16 @@ class ModelDeployment:
         self._order = [v.version for v in versions]
         self._serializer = serializer
         self._config = _DEFAULTS
+        # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
+        # when its window ends and then queues it for a slot: groups of one at a window of 0).
+        self._groups: SlotBatcher[PipelineJob, Answer] = SlotBatcher(
+            self._pipeline, _DEFAULTS.max_group_size, _DEFAULTS.group_wait_timeout_s, MAX_GROUPS_IN_FLIGHT
+        )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = PipelineConfig.model_validate(user_config)
-        self._pipeline.set_max_batch_size(self._config.max_group_size)
-        self._pipeline.set_batch_wait_timeout_s(self._config.group_wait_timeout_s)
+        self._groups.max_batch_size = self._config.max_group_size
+        self._groups.wait_s = self._config.group_wait_timeout_s
 
     def card(self) -> ModelCard:
         share = self._config.candidate_share if len(self._order) > 1 else 0.0
@@ -89,16 +95,11 @@ class ModelDeployment:
             request.tokenize, request.options, version=request.version, request_id=request.tokenize.request_id
         )
         try:
-            return await self._pipeline(job)
+            return await self._groups.submit(job)
         except asyncio.CancelledError:  # the router's call was cancelled: its client left or timed out
             job.abandon()
             raise
 
-    @serve.batch(
-        max_batch_size=_DEFAULTS.max_group_size,
-        batch_wait_timeout_s=_DEFAULTS.group_wait_timeout_s,
-        max_concurrent_batches=MAX_GROUPS_IN_FLIGHT,
-    )
     async def _pipeline(self, jobs: list[PipelineJob]) -> list[Answer]:
         """One group: each version's members through that version's stages, concurrently."""
         by_version: dict[str, list[int]] = {}
