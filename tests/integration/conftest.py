@@ -188,6 +188,8 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
         {"repository": str(model_repo), "name": CLASSIFIER, "task": "classify", "backend": "torch"}, template
     )
     classifier["args"]["observability"] = {"trace_sample_ratio": 1.0}
+    # The root span of a request is the router's: it samples every request too (the stage spans follow it).
+    router["args"]["observability"] = {"trace_sample_ratio": 1.0}
     config["applications"].append(classifier)
     router["args"]["models"] = [DEFAULT_MODEL, CLASSIFIER]
     config["applications"].append(
@@ -197,6 +199,12 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     # Logical GPUs (as `ray start --head --num-gpus=2` declares them) for the GPU scheduling tests; the
     # models still run on the CPU. Logical CPUs above the real two: the test apps are small.
     # address="local": always a new instance, never one a `ray start` left in /tmp/ray/ray_current_cluster.
+    # An empty user_config on every deployment that has reconfigure(): applying the base config after a
+    # test changed one brings the defaults back (Serve calls reconfigure only when user_config is set).
+    for app in config["applications"]:
+        for dep in app["deployments"]:
+            if dep["name"] in ("Ingress", "Model", "Inference", "Serializer"):
+                dep.setdefault("user_config", {})
     context = ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
     harness = ServeHarness(config, port, dashboard_url=f"http://{context.dashboard_url}")
     harness.apply(config)

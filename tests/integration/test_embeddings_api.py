@@ -92,12 +92,17 @@ def test_list_order_and_concurrent_batches_are_consistent(http):
     texts = [f"sentence number {i} about topic {i % 5}" for i in range(24)]
     one_by_one = np.stack([_vectors(http.post("/v1/embeddings", json={"input": t}))[0] for t in texts[:6]])
     as_list = _vectors(http.post("/v1/embeddings", json={"input": texts}))
-    np.testing.assert_allclose(as_list[:6], one_by_one, atol=2e-5)
-    # Many concurrent single-text requests share batches; each must get its own answer back.
+    # In bf16 a text's vector moves a little with the padding of its batch (cosine >= 0.9999 to fp32,
+    # docs/benchmarks.md): the same vector to that precision, and nearer its own text than any other.
+    same = one_by_one @ as_list[:6].T  # unit vectors
+    assert np.diag(same).min() >= 0.999 and (same.argmax(axis=1) == np.arange(6)).all(), np.diag(same)
+    # Concurrent single-text requests share groups and batches; each must get its own answer back.
     with ThreadPoolExecutor(12) as pool:
         results = list(pool.map(lambda t: http.post("/v1/embeddings", json={"input": t}), texts))
     concurrent = np.stack([_vectors(r)[0] for r in results])
-    np.testing.assert_allclose(concurrent, as_list, atol=2e-5)
+    cosine = concurrent @ as_list.T  # unit vectors
+    assert np.diag(cosine).min() >= 0.999, np.diag(cosine)
+    assert (cosine.argmax(axis=1) == np.arange(len(texts))).all()
 
 
 def test_exactly_at_limit_is_accepted(http):

@@ -43,6 +43,15 @@ def _with_private_ports(path: Path, port: int) -> str:
     config["http_options"]["port"] = port
     env = config["controller_options"]["runtime_env"]["env_vars"]
     env.update(RAY_SERVE_HAPROXY_STATS_PORT=str(free_port()), RAY_SERVE_HAPROXY_METRICS_PORT=str(free_port()))
+    # Ray's processes take these from the config, not from serve run's environment. HAProxy falls back to
+    # Serve's proxy (8500) while the ingress starts: that one must be this instance's too.
+    env.update(OWN_REPLICA_PORTS)
+    env.update(
+        RAY_SERVE_FALLBACK_PROXY_HTTP_PORT=str(free_port()),
+        RAY_SERVE_FALLBACK_PROXY_GRPC_PORT=str(free_port()),
+    )
+    for app in config["applications"]:
+        app["runtime_env"] = {"env_vars": {**app["runtime_env"]["env_vars"], **env}}
     path.write_text(yaml.safe_dump(config))
     return str(path)
 
@@ -53,7 +62,9 @@ def example_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     config = _with_private_ports(tmp / "multi-model.yaml", port)
     # RAY_ADDRESS=local: a new Ray instance of its own, as on a machine where no other Ray runs.
-    env = {**os.environ, "RAY_ADDRESS": "local", **OWN_REPLICA_PORTS}
+    # Nothing of the test session's own Ray (ray.init sets RAY_* variables in this process) reaches it.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env["RAY_ADDRESS"] = "local"
     log = (tmp / "serve.log").open("w")
     proc = subprocess.Popen(
         [str(SERVE_CLI), "run", config], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
@@ -67,7 +78,8 @@ def example_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             )
             try:
                 health = httpx.get(f"{url}/healthz", timeout=5)
-                if health.status_code == 200 and health.json()["status"] == "ready":
+                body = health.json() if health.status_code == 200 else {}
+                if set(body.get("models", ())) == set(MODELS) and body["status"] == "ready":
                     break
             except httpx.HTTPError:
                 pass
