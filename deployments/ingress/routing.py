@@ -22,6 +22,7 @@ class Route:
 
     model: str
     lane: LaneCard
+    pinned: bool = False  # the client named the version (name:version): no other version may answer
 
 
 class ModelRouter:
@@ -55,7 +56,7 @@ class ModelRouter:
                 f"served models: {self._served()}",
                 "model",
             )
-        return Route(name, lane)
+        return Route(name, lane, pinned=True)
 
     def _parse(self, requested: str | None) -> tuple[str, str | None]:
         if requested is None or requested == "":

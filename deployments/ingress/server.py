@@ -160,7 +160,8 @@ class Ingress:
         job = TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace)
         self._in_flight += 1
         lane = route.lane
-        answer = self._handle(route.model, MODEL).run.remote(ModelRequest(job, options, lane.version))
+        model_request = ModelRequest(job, options, lane.version, lane.role, route.pinned)
+        answer = self._handle(route.model, MODEL).run.remote(model_request)
         result: SerializedResponse | ServiceError
         try:
             result = await asyncio.wait_for(answer, timeout)

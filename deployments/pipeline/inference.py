@@ -71,8 +71,14 @@ def batch_size(queued: list[QueuedGroup]) -> int:
 
 # Each call is a group of requests from the model's pipeline; its batch queue holds up to
 # max_ongoing_requests groups, Serve's queue the rest.
+# max_surge_percent: blue-green (deployments/pipeline/model.py says why). The replacement needs room for a
+# second replica while the old one drains: num_cpus 0.5 leaves it on a 2-core machine (on a cluster, a GPU).
 @serve.deployment(
-    name="Inference", ray_actor_options={"num_cpus": 1.0}, max_ongoing_requests=128, max_queued_requests=256
+    name="Inference",
+    ray_actor_options={"num_cpus": 0.5},
+    max_ongoing_requests=128,
+    max_queued_requests=256,
+    max_surge_percent=100,
 )
 class InferenceDeployment:
     def __init__(
@@ -94,6 +100,7 @@ class InferenceDeployment:
             threads=runtime.intra_op_threads,
             cache_release_fraction=runtime.cuda_cache_release_fraction,
             parallel_passes=runtime.parallel_passes,
+            lone_pass_threads=runtime.lone_pass_threads,
             graph=runtime.torch_graph,
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.

@@ -1,8 +1,10 @@
 """A model application's ingress: its pipeline (tokenize → infer → serialize, in groups) and its card.
 
 The router sends each request here, to its model. Concurrent requests travel the stages as one group per
-call, so a hop's fixed cost is shared by the group; batches for the model itself form in Inference. The
-card tells the router which versions are served and with which share of traffic.
+call, so a hop's fixed cost is shared by the group; batches for the model itself form in Inference. A small
+group (``inline_chars``) is tokenized and serialized right here: for a few texts the hops to the stage
+replicas cost more than the work. The card tells the router which versions are served and with which share
+of traffic.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from typing import Any
 
 from ray import serve
 
-from deployments.config import PipelineConfig
+from deployments.config import ObservabilityConfig, PipelineConfig
 from deployments.ingress.errors import as_service_error
+from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
 from deployments.pipeline.slot_batcher import SlotBatcher
+from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
 from postprocess.contracts import ModelIdentity, SerializedResponse
 from preprocess.contracts import EncodedTexts
@@ -49,15 +53,27 @@ class ServedVersion:
         return self.model.manifest.version
 
 
+# max_surge_percent=100 on every deployment of a model application: a new version's replicas start before
+# the old ones stop (blue-green). Serve's default (0) stops first: with one replica per stage, a draining
+# pipeline replica's groups then wait on stages that have no replica until the new ones load the model.
 @serve.deployment(
-    name="Model", ray_actor_options={"num_cpus": 0.05}, max_ongoing_requests=1024, max_queued_requests=256
+    name="Model",
+    ray_actor_options={"num_cpus": 0.05},
+    max_ongoing_requests=1024,
+    max_queued_requests=256,
+    max_surge_percent=100,
 )
 class ModelDeployment:
-    def __init__(self, versions: list[ServedVersion], serializer: Any) -> None:
+    def __init__(
+        self, versions: list[ServedVersion], serializer: Any, observability: ObservabilityConfig
+    ) -> None:
         """``versions``: stable first, then the candidate, if any."""
         self._versions = {v.version: v for v in versions}
         self._order = [v.version for v in versions]
         self._serializer = serializer
+        tracing = setup_replica(observability)
+        self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
+        self._serialize = SerializeWork(tracing)
         self._config = _DEFAULTS
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
         # when its window ends and then queues it for a slot: groups of one at a window of 0).
@@ -92,13 +108,20 @@ class ModelDeployment:
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
         job = PipelineJob(
-            request.tokenize, request.options, version=request.version, request_id=request.tokenize.request_id
+            request.tokenize, request.options, self._version_for(request), request.tokenize.request_id
         )
         try:
             return await self._groups.submit(job)
         except asyncio.CancelledError:  # the router's call was cancelled: its client left or timed out
             job.abandon()
             raise
+
+    def _version_for(self, request: ModelRequest) -> str:
+        """The router's card can lag a rollout by its refresh period: a request that did not pin its
+        version goes to the version that holds its role now (stable, or the candidate while one is served)."""
+        if request.version in self._versions or request.pinned:
+            return request.version
+        return self._order[1] if request.role == "candidate" and len(self._order) > 1 else self._order[0]
 
     async def _pipeline(self, jobs: list[PipelineJob]) -> list[Answer]:
         """One group: each version's members through that version's stages, concurrently."""
@@ -122,15 +145,24 @@ class ModelDeployment:
             )
             return [gone] * len(jobs)
         group = RequestGroup(jobs)
+        tokenize = [j.tokenize for j in jobs]
+        options = [j.options for j in jobs]
+        decimals = self._config.float_decimals
+        inline = group_chars(tokenize) <= self._config.inline_chars
         try:
-            encoded = await group.sending(served.tokenizer.encode.remote([j.tokenize for j in jobs]))
+            if inline:
+                encoded: list[Any] = self._tokenize[version].encode(tokenize)
+            else:
+                encoded = await group.sending(served.tokenizer.encode.remote(tokenize))
             outputs: list[Any] = group.keep_live(encoded, _GONE)
             if any(isinstance(e, EncodedTexts) for e in outputs):
                 outputs = group.keep_live(await group.sending(served.inference.infer.remote(outputs)), _GONE)
             if all(isinstance(o, ServiceError) for o in outputs):
                 return outputs
-            serialized = self._serializer.serialize.remote(outputs, [j.options for j in jobs])
-            results: list[Answer] = await group.sending(serialized)
+            if inline:
+                results: list[Answer] = self._serialize.serialize(outputs, options, decimals)
+            else:
+                results = await group.sending(self._serializer.serialize.remote(outputs, options, decimals))
         except (Exception, asyncio.CancelledError) as exc:
             if group.all_gone:  # cancelled on purpose: nobody is waiting for these answers
                 return [_GONE] * len(jobs)

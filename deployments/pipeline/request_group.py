@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from deployments.pipeline.card import Role
 from postprocess.contracts import ResponseOptions
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import ServiceError
@@ -28,11 +29,14 @@ C = TypeVar("C", bound=Cancellable)
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One request as the router hands it to its model's pipeline: which version, what to tokenize, how
-    to answer."""
+    to answer. ``version`` is the one on the router's card; unless the client pinned it, the pipeline may
+    answer with the version that now holds ``role`` (the card predates a rollout)."""
 
     tokenize: TokenizeJob
     options: ResponseOptions
     version: str
+    role: Role = "stable"
+    pinned: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -24,7 +24,6 @@ from deployments.config import (
     ModelAppArgs,
     PipelineConfig,
     RouterArgs,
-    SerializerConfig,
 )
 from deployments.pipeline.card import INFERENCE, MODEL, SERIALIZER, TOKENIZER
 from deployments.repository.manifest import ManifestError
@@ -35,7 +34,6 @@ ROUTER = "deployments.app:build_router"
 MODEL_APP = "deployments.app:build_model"
 USER_CONFIGS = {
     "Inference": BatchingConfig,
-    "Serializer": SerializerConfig,
     "Ingress": IngressConfig,
     "Model": PipelineConfig,
 }

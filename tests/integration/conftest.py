@@ -203,7 +203,7 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     # test changed one brings the defaults back (Serve calls reconfigure only when user_config is set).
     for app in config["applications"]:
         for dep in app["deployments"]:
-            if dep["name"] in ("Ingress", "Model", "Inference", "Serializer"):
+            if dep["name"] in ("Ingress", "Model", "Inference"):
                 dep.setdefault("user_config", {})
     context = ray.init(address="local", num_cpus=8, num_gpus=2, include_dashboard=True, log_to_driver=False)
     harness = ServeHarness(config, port, dashboard_url=f"http://{context.dashboard_url}")

@@ -22,7 +22,6 @@ from deployments.config import (
     PipelineConfig,
     RouterArgs,
     RuntimeConfig,
-    SerializerConfig,
     resolve_path,
 )
 from deployments.repository.resolve import resolve_model
@@ -35,7 +34,6 @@ MODEL_DEPLOYMENTS = {"Model", "Tokenizer", "Inference", "Serializer"}
 DEPLOYMENT_NAMES = {"Ingress", *MODEL_DEPLOYMENTS}
 USER_CONFIG_MODELS = {
     "Inference": BatchingConfig,
-    "Serializer": SerializerConfig,
     "Ingress": IngressConfig,
     "Model": PipelineConfig,
 }
@@ -217,7 +215,7 @@ def test_router_args_reject_a_default_it_does_not_serve():
         (LimitsConfig(), "max_inputs_per_request", 1),
         (RuntimeConfig(), "verify_checksums", False),
         (BatchingConfig(), "max_batch_size", 8),
-        (SerializerConfig(), "float_decimals", 2),
+        (PipelineConfig(), "float_decimals", 2),
     ],
 )
 def test_configs_are_frozen(obj, attr, value):
@@ -242,7 +240,7 @@ def test_nested_config_is_frozen():
         (RouterArgs, {"models": ["a"], "limits": {"max_inputs": 3}}, "max_inputs"),
         (ModelAppArgs, {"runtime": {"threads": 2}}, "threads"),
         (BatchingConfig, {"max_batch_size": 8, "batch_timeout": 0.1}, "batch_timeout"),
-        (SerializerConfig, {"decimals": 3}, "decimals"),
+        (PipelineConfig, {"decimals": 3}, "decimals"),
     ],
 )
 def test_configs_reject_unknown_keys(cls, data, where):
@@ -292,12 +290,12 @@ def test_batching_defaults():
 
 
 @pytest.mark.parametrize(("value", "ok"), [(None, True), (0, True), (9, True), (-1, False), (10, False)])
-def test_serializer_decimals_bounds(value, ok):
+def test_pipeline_decimals_bounds(value, ok):
     if ok:
-        assert SerializerConfig(float_decimals=value).float_decimals == value
+        assert PipelineConfig(float_decimals=value).float_decimals == value
     else:
         with pytest.raises(ValidationError, match="float_decimals"):
-            SerializerConfig(float_decimals=value)
+            PipelineConfig(float_decimals=value)
 
 
 @pytest.mark.parametrize(

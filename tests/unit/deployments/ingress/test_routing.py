@@ -45,6 +45,8 @@ def test_a_pin_wins_over_the_split():
     router = _router(draw=0.0)  # every unpinned request would go to the candidate
     assert router.route("embedder:1").lane.version == "1"
     assert router.route("embedder:2").lane.role == "candidate"
+    assert router.route("embedder:1").pinned and not router.route("embedder").pinned
+    assert not router.route(None).pinned
 
 
 @pytest.mark.parametrize("requested", ["nope", "nope:1", "embedder:3", "classifier:1", "embed", ":1"])

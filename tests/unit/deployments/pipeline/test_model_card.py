@@ -29,7 +29,7 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> list[ResolvedModel]:
 
 def _card_deployment(models: list[ResolvedModel]) -> ModelDeployment:
     served = [ServedVersion(model=m, tokenizer=None, inference=None) for m in models]
-    return ModelDeployment.func_or_class(served, None)
+    return ModelDeployment.func_or_class(served, None, ObservabilityConfig())
 
 
 def test_card_lists_stable_then_candidate_with_the_configured_share(versions):
@@ -64,6 +64,32 @@ def test_a_version_the_pipeline_no_longer_serves_is_a_404(versions):
     jobs = [PipelineJob(TokenizeJob(["x"]), ResponseOptions(route="predict"), version="9")]
     (answer,) = asyncio.run(deployment._through_stages(jobs, "9"))
     assert isinstance(answer, ModelNotFoundError) and "'9'" in str(answer) and "['1']" in str(answer)
+
+
+@pytest.mark.parametrize(
+    ("served", "card_version", "role", "pinned", "expected"),
+    [
+        (["2"], "1", "stable", False, "2"),  # the card predates a v1 -> v2 roll: the stable version now
+        (["2", "3"], "1", "candidate", False, "3"),  # ... and the candidate's role goes to the candidate
+        (["2"], "1", "candidate", False, "2"),  # a candidate gone since: its requests go to stable
+        (["1", "2"], "1", "stable", False, "1"),  # a served version is kept as it is
+        (["2"], "1", "stable", True, "1"),  # a pin never moves (and is then a 404 naming what is served)
+    ],
+)
+def test_an_unpinned_request_follows_its_role_across_a_rollout(
+    tmp_path_factory, served, card_version, role, pinned, expected
+):
+    from deployments.pipeline.request_group import ModelRequest
+    from postprocess.contracts import ResponseOptions
+
+    repo = tmp_path_factory.mktemp("roll")
+    base = ModelConfig(repository=str(repo), name="tiny-sentiment", task="classify", precision="fp32")
+    models = []
+    for version in served:
+        build_classifier(repo, version=version)
+        models.append(resolve_model(base.model_copy(update={"version": version})))
+    request = ModelRequest(TokenizeJob(["x"]), ResponseOptions(route="predict"), card_version, role, pinned)
+    assert _card_deployment(models)._version_for(request) == expected
 
 
 def _encode(model: ResolvedModel, text: str):

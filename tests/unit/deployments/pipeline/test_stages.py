@@ -23,17 +23,17 @@ SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "
 def _run_and_note_thread(obj: Any, method: str, *args: Any) -> tuple[Any, str]:
     """Calls the async stage method on a fresh loop; returns its result and the thread the work ran on."""
     seen: list[str] = []
-    work = getattr(obj, f"_{method}")
+    work = getattr(obj._work, method)
 
     def noting(*a: Any) -> Any:
         seen.append(threading.current_thread().name)
         return work(*a)
 
-    setattr(obj, f"_{method}", noting)
+    setattr(obj._work, method, noting)
     try:
         result = asyncio.run(getattr(obj, method)(*args))
     finally:
-        delattr(obj, f"_{method}")
+        delattr(obj._work, method)
     assert len(seen) == 1
     return result, seen[0]
 
@@ -88,12 +88,12 @@ def test_serializer_runs_small_groups_on_the_loop_and_large_on_its_threads(seria
     small = _outputs(1, 8)
     large = _outputs(32, 4)  # 4 x 32 x 384 floats: over INLINE_VALUES
     assert sum(o.values.size for o in large if isinstance(o, ModelOutput)) > stages.INLINE_VALUES
-    small_out, small_thread = _run_and_note_thread(serializer, "serialize", small, [options] * 8)
-    large_out, large_thread = _run_and_note_thread(serializer, "serialize", large, [options] * 4)
+    small_out, small_thread = _run_and_note_thread(serializer, "serialize", small, [options] * 8, 6)
+    large_out, large_thread = _run_and_note_thread(serializer, "serialize", large, [options] * 4, 6)
     assert small_thread == threading.main_thread().name
     assert large_thread.startswith("serialize")
     assert len(small_out) == 8 and len(large_out) == 4
-    again, _ = _run_and_note_thread(serializer, "serialize", large[:1], [options])
+    again, _ = _run_and_note_thread(serializer, "serialize", large[:1], [options], 6)
     assert large_out[0].body == again[0].body  # same bytes whichever thread made them
 
 
@@ -101,6 +101,6 @@ def test_serializer_passes_errors_through_in_their_slots(serializer: Any) -> Non
     options = ResponseOptions(route="embeddings", media_type="application/json")
     error = InputTooLongError("too long", "input")
     outputs: list[ModelOutput | ServiceError] = [*_outputs(1, 1), error, *_outputs(1, 1)]
-    results, _ = _run_and_note_thread(serializer, "serialize", outputs, [options] * 3)
+    results, _ = _run_and_note_thread(serializer, "serialize", outputs, [options] * 3, 6)
     assert results[1] is error
     assert all(not isinstance(r, ServiceError) for r in (results[0], results[2]))

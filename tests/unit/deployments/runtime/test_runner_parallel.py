@@ -94,3 +94,42 @@ def test_the_longest_passes_start_first(default_model):
     assert len(runner.longest) == 4  # [3, 4] [5, 6] [30, 31] [60, 61]
     assert set(runner.longest[:2]) == {61, 31}
     assert runner.longest[2:] == [6, 4]
+
+
+class ThreadCountRunner(RecordingRunner):
+    """Records the intra-op thread count each pass ran with (what the backend hook last set on its thread)."""
+
+    def __init__(self, model) -> None:
+        super().__init__(model)
+        self._counts = threading.local()
+        self.counts: list[tuple[str, int | None]] = []
+
+    def _set_intra_op_threads(self, threads: int) -> None:
+        self._counts.value = threads
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with self._lock:
+            self.counts.append((threading.current_thread().name, getattr(self._counts, "value", None)))
+        return super()._forward(ids, mask)
+
+
+def test_a_lone_pass_runs_on_every_thread_and_parallel_passes_on_one_each(default_model):
+    runner = ThreadCountRunner(default_model)
+    runner.set_parallel(2, pass_threads=1, lone_pass_threads=2)
+    runner.run(_sequences([12]), LIMITS)  # one text: one pass, on the calling thread
+    assert runner.counts == [(threading.current_thread().name, 2)]
+    runner.counts.clear()
+    runner.run(_sequences([5, 40, 7, 3]), LIMITS)  # two passes on the pass threads
+    assert sorted(c for _, c in runner.counts) == [1, 1]
+    assert all(name.startswith("pass") for name, _ in runner.counts)
+    runner.counts.clear()
+    runner.run(_sequences([9]), LIMITS)  # the calling thread kept its own count
+    assert runner.counts == [(threading.current_thread().name, 2)]
+
+
+def test_without_a_lone_pass_count_the_thread_count_is_left_alone(default_model):
+    runner = ThreadCountRunner(default_model)
+    runner.set_parallel(2)
+    runner.run(_sequences([12]), LIMITS)
+    runner.run(_sequences([5, 40, 7, 3]), LIMITS)
+    assert {c for _, c in runner.counts} == {None}

@@ -125,7 +125,7 @@ def test_defaults_list_the_deployments_the_config_leaves_out(tmp_path, capsys):
     assert main(["--defaults", str(path)]) == 0
     shown = yaml.safe_load(capsys.readouterr().out)[model["name"]]
     assert shown["Serializer"]["max_ongoing_requests"] == 64  # the decorator's, nothing written
-    assert shown["Serializer.user_config"]["float_decimals"] == 6
+    assert shown["Model.user_config"]["float_decimals"] == 6
     assert {"CandidateTokenizer", "CandidateInference", "CandidateInference.user_config"} <= set(shown)
 
 
