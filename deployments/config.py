@@ -102,16 +102,6 @@ class RuntimeConfig(_Frozen):
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
         "into at least this many length-sorted passes). CPU: with intra_op_threads 1, one per core.",
     )
-    # A lone text at light load is one pass with nothing beside it: in process it takes 28 % less time on both
-    # cores (11.7 -> 8.4 ms p50). In the service on 2 cores no gain showed through the noise (open loop p50
-    # 24.8-30.0 ms with it, 24.4-26.0 without, docs/bench-results-lone-ab/), and OpenMP's second thread spins
-    # on a core the other replicas share. Off by default; for machines with cores to spare.
-    lone_pass_threads: int | None = Field(
-        default=None,
-        ge=1,
-        description="torch on CPU: intra-op threads for a batch that runs as one pass (the rest run "
-        "intra_op_threads per pass); null: intra_op_threads. ONNX Runtime keeps intra_op_threads.",
-    )
     torch_graph: Literal["eager", "trace"] = Field(
         default="trace",
         description="torch backend: trace runs the model as one TorchScript graph (no Python between "

@@ -100,7 +100,6 @@ class InferenceDeployment:
             threads=runtime.intra_op_threads,
             cache_release_fraction=runtime.cuda_cache_release_fraction,
             parallel_passes=runtime.parallel_passes,
-            lone_pass_threads=runtime.lone_pass_threads,
             graph=runtime.torch_graph,
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.

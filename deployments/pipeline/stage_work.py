@@ -10,18 +10,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from deployments.observability.metrics import StageMetrics
 from deployments.observability.tracing import Tracing
 from deployments.repository.manifest import ResolvedModel
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
-from preprocess.contracts import EncodedTexts, TokenizeJob
+from preprocess.contracts import EncodedTexts, TokenizeJob, TraceContext
 from preprocess.errors import InternalError, ServiceError
 from preprocess.tokenize import TextTokenizer
 
 log = logging.getLogger("textserve.stages")
+R = TypeVar("R")
 
 
 def group_chars(jobs: Sequence[TokenizeJob]) -> int:
@@ -29,42 +31,62 @@ def group_chars(jobs: Sequence[TokenizeJob]) -> int:
     return sum(len(text) for job in jobs for text in job.texts)
 
 
-class TokenizeWork:
+class _StageWork:
+    """One request's step in a stage, timed and traced; its own failure is its answer."""
+
+    def __init__(self, tracing: Tracing, span: str, activity: str, metric: StageMetrics) -> None:
+        self._tracing = tracing
+        self._span = span  # the trace span's name
+        self._activity = activity  # what failed, for the log and the request's error
+        self._ms = metric.ms
+
+    def _one(
+        self, work: Callable[[], R], trace: TraceContext | None, request_id: str = ""
+    ) -> R | ServiceError:
+        start = time.perf_counter()
+        result: R | ServiceError
+        try:
+            result = work()
+        except ServiceError as exc:
+            result = exc
+        except Exception:  # a bug on one request's input must not fail the others in its group
+            log.exception("%s failed on a request", self._activity, extra={"request_id": request_id})
+            result = InternalError(f"{self._activity} failed for this request")
+        self._ms.observe((time.perf_counter() - start) * 1000.0)
+        if trace is not None:
+            end_ns = time.time_ns()
+            self._tracing.record_span(trace, self._span, end_ns - _ns(start), end_ns)
+        return result
+
+
+class TokenizeWork(_StageWork):
     """One version's tokenizer: every id it makes is stamped with the tokenizer's id."""
 
     def __init__(self, model: ResolvedModel, tracing: Tracing) -> None:
-        self._tracing = tracing
+        super().__init__(
+            tracing, "tokenize", "tokenization", StageMetrics("tokenize_ms", "Time to tokenize one request.")
+        )
         self._tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
         self._tokenizer_id = model.tokenizer_id
-        self._ms = StageMetrics("tokenize_ms", "Time to tokenize one request.").ms
 
     def encode(self, jobs: Sequence[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
-        results: list[EncodedTexts | ServiceError] = []
-        for job in jobs:
-            start = time.perf_counter()
-            try:
-                encoded = self._tokenizer.encode(job.texts, job.truncate)
-                results.append(
-                    dataclasses.replace(
-                        encoded, deadline=job.deadline, trace=job.trace, tokenizer_id=self._tokenizer_id
-                    )
-                )
-            except ServiceError as exc:
-                results.append(exc)
-            except Exception:  # a bug on one request's input must not fail the others in its group
-                log.exception("tokenizer failed on a request", extra={"request_id": job.request_id})
-                results.append(InternalError("tokenization failed for this request"))
-            self._ms.observe((time.perf_counter() - start) * 1000.0)
-            if job.trace is not None:
-                end_ns = time.time_ns()
-                self._tracing.record_span(job.trace, "tokenize", end_ns - _ns(start), end_ns)
-        return results
+        return [self._one(lambda job=job: self._encode(job), job.trace, job.request_id) for job in jobs]
+
+    def _encode(self, job: TokenizeJob) -> EncodedTexts:
+        encoded = self._tokenizer.encode(job.texts, job.truncate)
+        return dataclasses.replace(
+            encoded, deadline=job.deadline, trace=job.trace, tokenizer_id=self._tokenizer_id
+        )
 
 
-class SerializeWork:
+class SerializeWork(_StageWork):
     def __init__(self, tracing: Tracing) -> None:
-        self._tracing = tracing
-        self._ms = StageMetrics("serialize_ms", "Time to serialize one response.").ms
+        super().__init__(
+            tracing,
+            "serialize",
+            "serialization",
+            StageMetrics("serialize_ms", "Time to serialize one response."),
+        )
 
     def serialize(
         self,
@@ -74,24 +96,12 @@ class SerializeWork:
     ) -> list[SerializedResponse | ServiceError]:
         if len(outputs) != len(options):
             raise RuntimeError(f"{len(outputs)} outputs for {len(options)} requests")
-        results: list[SerializedResponse | ServiceError] = []
-        for output, opts in zip(outputs, options, strict=True):
-            if isinstance(output, ServiceError):
-                results.append(output)
-                continue
-            start = time.perf_counter()
-            try:
-                results.append(serialize(output, opts, float_decimals))
-            except ServiceError as exc:
-                results.append(exc)
-            except Exception:
-                log.exception("serializer failed on a request")
-                results.append(InternalError("serialization failed for this request"))
-            self._ms.observe((time.perf_counter() - start) * 1000.0)
-            if output.trace is not None:
-                end_ns = time.time_ns()
-                self._tracing.record_span(output.trace, "serialize", end_ns - _ns(start), end_ns)
-        return results
+        return [
+            output
+            if isinstance(output, ServiceError)
+            else self._one(lambda o=output, opts=opts: serialize(o, opts, float_decimals), output.trace)
+            for output, opts in zip(outputs, options, strict=True)
+        ]
 
 
 def _ns(perf_start: float) -> int:

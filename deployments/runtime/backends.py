@@ -15,10 +15,9 @@ def create_runner(
     cache_release_fraction: float = 0.9,
     parallel_passes: int = 1,
     graph: str = "eager",
-    lone_pass_threads: int | None = None,
 ) -> BatchRunner:
     runner = _create(model, device, pad_id, threads, cache_release_fraction, graph)
-    runner.set_parallel(parallel_passes, threads, lone_pass_threads or threads)
+    runner.set_parallel(parallel_passes)
     return runner
 
 

@@ -54,9 +54,6 @@ class BatchRunner(ABC):
         self.fatal_error: str | None = None
         self.injected_error: Exception | None = None  # fault injection: raised by the next forward pass
         self.parallel = 1
-        self.pass_threads: int | None = None  # intra-op threads of each of parallel passes (None: as is)
-        self.lone_pass_threads: int | None = None  # ... of a batch that runs as one pass (light load)
-        self._thread_state = threading.local()
         self._pool: ThreadPoolExecutor | None = None
         self._cap_lock = threading.Lock()  # passes of one batch may finish on different threads
 
@@ -68,36 +65,15 @@ class BatchRunner(ABC):
     def _forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """(batch, longest) int64 ids and mask -> (batch, output_size) float32."""
 
-    def set_parallel(
-        self, passes: int, pass_threads: int | None = None, lone_pass_threads: int | None = None
-    ) -> None:
+    def set_parallel(self, passes: int) -> None:
         """Run up to ``passes`` forward passes of a batch at once, each on its own thread (CPU: pair with
-        one intra-op thread each; a busy machine descheduling one thread of a 2-thread pool stalls both).
-        A batch that is one pass (a lone text at light load) runs on the caller's thread with
-        ``lone_pass_threads`` intra-op threads: nothing else runs beside it."""
+        one intra-op thread each; a busy machine descheduling one thread of a 2-thread pool stalls both)."""
         self.parallel = max(1, passes)
-        self.pass_threads, self.lone_pass_threads = pass_threads, lone_pass_threads
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         self._pool = (
-            ThreadPoolExecutor(
-                self.parallel,
-                thread_name_prefix="pass",
-                initializer=self._use_threads,
-                initargs=(pass_threads,),
-            )
-            if self.parallel > 1
-            else None
+            ThreadPoolExecutor(self.parallel, thread_name_prefix="pass") if self.parallel > 1 else None
         )
-
-    def _use_threads(self, threads: int | None) -> None:
-        """Intra-op threads for passes run on the calling thread (set once per thread)."""
-        if threads is not None and getattr(self._thread_state, "threads", None) != threads:
-            self._set_intra_op_threads(threads)
-            self._thread_state.threads = threads
-
-    def _set_intra_op_threads(self, threads: int) -> None:  # noqa: B027 - optional hook
-        """Backends whose thread count is per calling thread override this (torch); others keep theirs."""
 
     def _release_memory(self) -> None:  # noqa: B027 - optional hook
         """Give cached device memory back after an out-of-memory error (device backends override)."""
@@ -123,7 +99,6 @@ class BatchRunner(ABC):
             # re-raises the first failure here.
             list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan[::-1]))
         else:
-            self._use_threads(self.lone_pass_threads if len(plan) == 1 else self.pass_threads)
             for idx in plan:
                 self._run_indices(idx, sequences, lengths, out)
         padded = round(float(lengths.sum()) / padding_efficiency(lengths, plan))

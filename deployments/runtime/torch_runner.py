@@ -64,12 +64,6 @@ class ModelRunner(BatchRunner):
     def device_name(self) -> str:
         return str(self.device)
 
-    def _set_intra_op_threads(self, threads: int) -> None:
-        # OpenMP's thread count is per calling thread, and torch sets it per thread on first use: a pass
-        # thread keeps 1 while the model thread runs a lone pass on 2.
-        if self.device.type == "cpu":
-            torch.set_num_threads(threads)
-
     def _check_loaded(self) -> None:
         # The weights as loaded, not just their config file, must fit the manifest's output signature.
         config = self.model.config
