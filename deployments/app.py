@@ -41,4 +41,5 @@ def build_model(args: dict[str, Any]) -> Application:
             model, model_config.device, config.runtime, obs
         )
         versions.append(ServedVersion(model=model, tokenizer=tokenizer, inference=inference))
-    return ModelDeployment.bind(versions, SerializerDeployment.bind(obs), obs)
+    serializer = SerializerDeployment.bind(obs)
+    return ModelDeployment.bind(versions, serializer, obs, config.runtime)

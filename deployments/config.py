@@ -108,6 +108,12 @@ class RuntimeConfig(_Frozen):
         "operators, checked against eager at start; the replica refuses to start on a mismatch); eager: "
         "the Hugging Face module as is. Ignored by the onnx backend.",
     )
+    small_groups_in_pipeline: bool = Field(
+        default=True,
+        description="CPU only: the Model (pipeline) replica loads its own copy of the model and runs groups "
+        "of at most inline_chars characters itself, one Ray hop fewer (single texts, one client: 39.7 -> "
+        "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
+    )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 

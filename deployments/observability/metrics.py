@@ -24,13 +24,12 @@ _RATIOS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0]
 GPU_POLL_S = 5.0
 
 
-class InferenceMetrics:
-    """Batch shape and timing at the inference deployment (the seed's four: queue length, batch sizes,
-    per-sample time, plus tokens, padding and queue wait)."""
+class BatchMetrics:
+    """Batch shape and timing wherever the model runs (Inference, or a CPU model's pipeline replica for
+    small groups): batch sizes, padded tokens, padding and per-sample time, tagged by Ray with the
+    deployment that ran the batch."""
 
-    def __init__(self, info: dict[str, str]) -> None:
-        self._info = info  # model, version, backend, device
-        self.waiting = 0  # requests in groups waiting for a batch; the gauge reads it
+    def __init__(self) -> None:
         self.batch_size = metrics.Histogram(
             "inference_batch_size", description="Sequences per executed batch.", boundaries=_SIZES
         )
@@ -42,17 +41,33 @@ class InferenceMetrics:
             description="Real tokens / padded tokens per executed batch.",
             boundaries=_RATIOS,
         )
+        self.per_sample_ms = metrics.Histogram(
+            "inference_per_sample_ms",
+            description="Batch compute time / sequences in the batch.",
+            boundaries=_MS,
+        )
+
+    def record_batch(self, sequences: int, padded_tokens: int, real_tokens: int, compute_s: float) -> None:
+        self.batch_size.observe(sequences)
+        self.batch_tokens.observe(padded_tokens)
+        self.padding_efficiency.observe(real_tokens / padded_tokens if padded_tokens else 1.0)
+        self.per_sample_ms.observe(compute_s * 1000.0 / sequences)
+
+
+class InferenceMetrics(BatchMetrics):
+    """The inference deployment's: its batches (the seed's four: queue length, batch sizes, per-sample
+    time, plus tokens, padding and queue wait) and which model it serves."""
+
+    def __init__(self, info: dict[str, str]) -> None:
+        super().__init__()
+        self._info = info  # model, version, backend, device
+        self.waiting = 0  # requests in groups waiting for a batch; the gauge reads it
         self.queue_length = metrics.Gauge(
             "inference_queue_length", description="Requests waiting for a batch in this replica."
         )
         self.queue_wait_ms = metrics.Histogram(
             "inference_queue_wait_ms",
             description="Arrival at the inference deployment to the start of its batch, per call.",
-            boundaries=_MS,
-        )
-        self.per_sample_ms = metrics.Histogram(
-            "inference_per_sample_ms",
-            description="Batch compute time / sequences in the batch.",
             boundaries=_MS,
         )
         self.model_info = metrics.Gauge(
@@ -69,12 +84,6 @@ class InferenceMetrics:
     def queue_changed(self, delta: int) -> None:
         self.waiting += delta
         self.queue_length.set(self.waiting)
-
-    def record_batch(self, sequences: int, padded_tokens: int, real_tokens: int, compute_s: float) -> None:
-        self.batch_size.observe(sequences)
-        self.batch_tokens.observe(padded_tokens)
-        self.padding_efficiency.observe(real_tokens / padded_tokens if padded_tokens else 1.0)
-        self.per_sample_ms.observe(compute_s * 1000.0 / sequences)
 
 
 class StageMetrics:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from deployments.pipeline.batching import BatchLimits
+from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelOutput
+from postprocess.contracts import ModelIdentity, ModelOutput
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 
@@ -26,6 +27,32 @@ log = logging.getLogger("textserve.groups")
 Group = list[EncodedTexts | ServiceError]  # requests queued together, some may have failed already
 Answers = list[ModelOutput | ServiceError]
 MakeOutput = Callable[[EncodedTexts, np.ndarray], ModelOutput]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputMaker:
+    """A request's rows as its ``ModelOutput`` (a ``MakeOutput``), labelled with the model that made them."""
+
+    identity: ModelIdentity
+    task: str
+    labels: tuple[str, ...]
+
+    @classmethod
+    def of(cls, model: ResolvedModel) -> OutputMaker:
+        manifest = model.manifest
+        identity = ModelIdentity(name=manifest.name, version=manifest.version)
+        return cls(identity, manifest.task, tuple(manifest.output.labels or ()))
+
+    def __call__(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
+        return ModelOutput(
+            model=self.identity,
+            task=self.task,
+            values=values,
+            token_count=encoded.token_count,
+            labels=self.labels,
+            truncated=encoded.truncated,
+            trace=encoded.trace,
+        )
 
 
 def device_gone() -> UnavailableError:

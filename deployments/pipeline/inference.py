@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import ray
 from ray import serve
 
@@ -23,11 +22,18 @@ from deployments.observability.metrics import GpuMonitor, InferenceMetrics
 from deployments.observability.profiling import BatchProfiler
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.batching import AdaptiveWaitWindow, BatchLimits
-from deployments.pipeline.group_runner import Answers, Group, GroupRun, device_gone, run_groups
+from deployments.pipeline.group_runner import (
+    Answers,
+    Group,
+    GroupRun,
+    OutputMaker,
+    device_gone,
+    run_groups,
+)
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import create_runner
-from postprocess.contracts import ModelIdentity, ModelOutput
+from postprocess.contracts import ModelIdentity
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import ServiceError, UnavailableError
 
@@ -91,8 +97,8 @@ class InferenceDeployment:
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", runtime.cuda_alloc_conf)
         recheck_on_replica(model, runtime.verify_checksums)
         manifest = model.manifest
-        self._identity = ModelIdentity(name=manifest.name, version=manifest.version)
-        self._labels = tuple(manifest.output.labels or ())
+        self._output = OutputMaker.of(model)
+        self._identity = self._output.identity
         self._tokenizer_id = model.tokenizer_id
         self._runner = create_runner(
             model,
@@ -207,17 +213,6 @@ class InferenceDeployment:
                         e.trace, "inference", start_ns, end_ns, {"batch_sequences": sequences}
                     )
 
-    def _output(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
-        return ModelOutput(
-            model=self._identity,
-            task=self._runner.task,
-            values=values,
-            token_count=encoded.token_count,
-            labels=self._labels,
-            truncated=encoded.truncated,
-            trace=encoded.trace,
-        )
-
     def _after_batch(self, sequences: int, real_tokens: int, padded_tokens: int) -> None:
         stats = self._stats
         stats["batches"] += 1
@@ -263,6 +258,10 @@ class InferenceDeployment:
             raise RuntimeError(
                 f"unrecoverable device error, replica must be replaced: {self._runner.fatal_error}"
             )
+
+    def device(self) -> str:
+        """Where this replica runs its model ("cpu", "cuda", "cuda:0"): the pipeline keeps a copy on a CPU."""
+        return self._runner.device_name
 
     def ready(self) -> ModelIdentity:
         """Answered only once __init__ (load + warm-up) has finished."""

@@ -15,10 +15,11 @@ from typing import Any
 
 from ray import serve
 
-from deployments.config import ObservabilityConfig, PipelineConfig
+from deployments.config import ObservabilityConfig, PipelineConfig, RuntimeConfig
 from deployments.ingress.errors import as_service_error
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
+from deployments.pipeline.local_model import LocalModels
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
 from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
@@ -65,15 +66,23 @@ class ServedVersion:
 )
 class ModelDeployment:
     def __init__(
-        self, versions: list[ServedVersion], serializer: Any, observability: ObservabilityConfig
+        self,
+        versions: list[ServedVersion],
+        serializer: Any,
+        observability: ObservabilityConfig,
+        runtime: RuntimeConfig,
     ) -> None:
-        """``versions``: stable first, then the candidate, if any."""
+        """``versions``: stable first, then the candidate, if any. ``runtime``: the model's, for its local
+        copy on a CPU (``pipeline/local_model.py``)."""
         self._versions = {v.version: v for v in versions}
         self._order = [v.version for v in versions]
         self._serializer = serializer
         tracing = setup_replica(observability)
         self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
         self._serialize = SerializeWork(tracing)
+        self._local = LocalModels(
+            {v.version: v.model for v in versions}, {v.version: v.inference for v in versions}, runtime
+        )
         self._config = _DEFAULTS
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
         # when its window ends and then queues it for a slot: groups of one at a window of 0).
@@ -97,6 +106,7 @@ class ModelDeployment:
 
     async def ready(self) -> list[ModelIdentity]:
         """Answers once every served version has an inference replica with its model loaded."""
+        self._local.start()
         calls = [self._versions[v].inference.ready.remote() for v in self._order]
         try:
             return list(await asyncio.wait_for(asyncio.gather(*calls), READY_TIMEOUT_S))
@@ -107,6 +117,7 @@ class ModelDeployment:
 
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
+        self._local.start()
         job = PipelineJob(
             request.tokenize, request.options, self._version_for(request), request.tokenize.request_id
         )
@@ -156,7 +167,12 @@ class ModelDeployment:
                 encoded = await group.sending(served.tokenizer.encode.remote(tokenize))
             outputs: list[Any] = group.keep_live(encoded, _GONE)
             if any(isinstance(e, EncodedTexts) for e in outputs):
-                outputs = group.keep_live(await group.sending(served.inference.infer.remote(outputs)), _GONE)
+                local = self._local.get(version) if inline else None
+                if local is not None:  # a CPU model's small group: its copy here saves a hop
+                    outputs = group.keep_live(await local.infer(outputs), _GONE)
+                else:
+                    call = served.inference.infer.remote(outputs)
+                    outputs = group.keep_live(await group.sending(call), _GONE)
             if all(isinstance(o, ServiceError) for o in outputs):
                 return outputs
             if inline:

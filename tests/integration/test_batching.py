@@ -23,12 +23,14 @@ def _inference():
 
 @pytest.fixture
 def batching(serve_harness):
-    """Apply an Inference user_config for one test, restore the shipped one afterwards."""
+    """Apply an Inference user_config for one test, restore the shipped one afterwards. Every group goes
+    to Inference meanwhile (the pipeline's inline_chars 0): small ones would run on its own copy."""
 
     def apply(**user_config):
         def mutate(cfg):
-            inference = deployment_named(app_named(cfg, DEFAULT_MODEL), "Inference")
-            inference["user_config"] = user_config
+            app = app_named(cfg, DEFAULT_MODEL)
+            deployment_named(app, "Inference")["user_config"] = user_config
+            deployment_named(app, "Model").setdefault("user_config", {})["inline_chars"] = 0
 
         serve_harness.apply(serve_harness.config(mutate))
         deadline = time.monotonic() + 60

@@ -76,7 +76,9 @@ def _busy_then_second(
         return first.result().status_code, fate
 
 
-SECOND = [f"text {i} that nobody will wait for" for i in range(48)]
+# Over the pipeline's inline_chars (2048), so it goes to Inference and queues behind the big request (a
+# small group would run on the pipeline's own copy of the model at once, behind nothing).
+SECOND = [f"text {i} that nobody will wait for, long enough to leave the pipeline" for i in range(48)]
 
 
 def test_a_disconnected_client_costs_no_model_time(base_url: str) -> None:

@@ -29,7 +29,8 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> list[ResolvedModel]:
 
 def _card_deployment(models: list[ResolvedModel]) -> ModelDeployment:
     served = [ServedVersion(model=m, tokenizer=None, inference=None) for m in models]
-    return ModelDeployment.func_or_class(served, None, ObservabilityConfig())
+    no_local = RuntimeConfig(small_groups_in_pipeline=False)
+    return ModelDeployment.func_or_class(served, None, ObservabilityConfig(), no_local)
 
 
 def test_card_lists_stable_then_candidate_with_the_configured_share(versions):

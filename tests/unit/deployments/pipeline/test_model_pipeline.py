@@ -1,5 +1,6 @@
-"""The model pipeline's stages without Ray: small groups are tokenized and serialized in the pipeline replica,
-large ones by the stage deployments, with the same answers either way (stand-in handles record the calls)."""
+"""The model pipeline's stages without Ray: small groups are tokenized and serialized in the pipeline replica
+(and, for a CPU model, run on its local copy), large ones by the stage deployments, with the same answers
+either way (stand-in handles record the calls)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import numpy as np
 import orjson
 import pytest
 
-from deployments.config import ObservabilityConfig
+from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.setup import setup_replica
+from deployments.pipeline.batching import BatchLimits
+from deployments.pipeline.group_runner import OutputMaker, run_groups
+from deployments.pipeline.local_model import LocalModels
 from deployments.pipeline.model import ModelDeployment, ServedVersion
 from deployments.pipeline.request_group import PipelineJob
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.backends import create_runner
 from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import InputTooLongError, ServiceError
@@ -73,7 +78,9 @@ def pipeline(default_model: ResolvedModel) -> tuple[ModelDeployment, _Handle, _H
     tokenizer = _Handle(encode=TokenizeWork(default_model, tracing).encode)
     serializer = _Handle(serialize=SerializeWork(tracing).serialize)
     served = ServedVersion(model=default_model, tokenizer=tokenizer, inference=_Handle(infer=_infer))
-    return ModelDeployment.func_or_class([served], serializer, ObservabilityConfig()), tokenizer, serializer
+    no_local = RuntimeConfig(small_groups_in_pipeline=False)
+    deployment = ModelDeployment.func_or_class([served], serializer, ObservabilityConfig(), no_local)
+    return deployment, tokenizer, serializer
 
 
 def _run(deployment: ModelDeployment, texts: list[list[str]]) -> list[SerializedResponse | ServiceError]:
@@ -126,3 +133,84 @@ def test_float_decimals_reach_both_paths(pipeline) -> None:
     vectors = [orjson.loads(a[0].body)["data"][0]["embedding"] for a in (offloaded, inline, full)]  # type: ignore[union-attr]
     assert vectors[0] == vectors[1] == [2.0] * 4
     assert vectors[2] == pytest.approx([5 / 3] * 4, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def local_pipeline(default_model: ResolvedModel) -> tuple[ModelDeployment, _Handle]:
+    """A CPU model's pipeline with its local copy; Inference stands in with the same runner code."""
+    tracing = setup_replica(ObservabilityConfig())
+    runner = create_runner(default_model, "cpu")
+    output = OutputMaker.of(default_model)
+    limits = BatchLimits(32, 256)
+    inference = _Handle(
+        infer=lambda group: run_groups(runner, [group], limits, output).answers[0], device=lambda: "cpu"
+    )
+    served = ServedVersion(
+        model=default_model,
+        tokenizer=_Handle(encode=TokenizeWork(default_model, tracing).encode),
+        inference=inference,
+    )
+    serializer = _Handle(serialize=SerializeWork(tracing).serialize)
+    deployment = ModelDeployment.func_or_class([served], serializer, ObservabilityConfig(), RuntimeConfig())
+    _load(deployment._local)
+    return deployment, inference
+
+
+def _load(local: LocalModels) -> None:
+    """Start the background load and wait for it, as the replica's first request would start it."""
+
+    async def load() -> None:
+        local.start()
+        if local._loading is not None:
+            await local._loading
+
+    asyncio.run(load())
+
+
+def _vectors(answers: list[SerializedResponse | ServiceError]) -> np.ndarray:
+    return np.array([orjson.loads(a.body)["data"][0]["embedding"] for a in answers])  # type: ignore[union-attr]
+
+
+def test_a_cpu_models_small_group_runs_on_its_local_copy_with_inferences_answers(local_pipeline) -> None:
+    deployment, inference = local_pipeline
+    texts = [["a short text"], ["another, slightly longer one"], ["x"]]
+    before = inference.infer.calls
+    local = _run(deployment, texts)
+    assert inference.infer.calls == before  # no call to Inference
+    deployment.reconfigure({"inline_chars": 0})
+    try:
+        remote = _run(deployment, texts)
+    finally:
+        deployment.reconfigure({})
+    assert inference.infer.calls == before + 1
+    assert _vectors(local).shape == (3, 384)
+    np.testing.assert_allclose(_vectors(local), _vectors(remote), atol=1e-5)
+
+
+def test_a_large_group_still_goes_to_inference(local_pipeline) -> None:
+    deployment, inference = local_pipeline
+    before = inference.infer.calls
+    answers = _run(deployment, [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(12)])
+    assert inference.infer.calls == before + 1 and len(answers) == 12
+
+
+def test_a_bad_request_fails_alone_on_the_local_copy(local_pipeline) -> None:
+    deployment, _ = local_pipeline
+    answers = _run(deployment, [["fine"], ["word " * 400], ["fine too"]])
+    assert isinstance(answers[1], InputTooLongError)
+    assert _vectors([answers[0], answers[2]]).shape == (2, 384)
+
+
+@pytest.mark.parametrize(("device", "enabled"), [("cuda", True), ("cuda:0", True), ("cpu", False)])
+def test_no_local_copy_where_inference_runs_on_a_gpu_or_when_switched_off(
+    default_model: ResolvedModel, device: str, enabled: bool
+) -> None:
+    runtime = RuntimeConfig(small_groups_in_pipeline=enabled)
+    local = LocalModels({"1": default_model}, {"1": _Handle(device=lambda: device)}, runtime)
+    _load(local)
+    assert local.get("1") is None
+
+
+def test_the_local_copy_loads_when_inference_answers_cpu(local_pipeline) -> None:
+    deployment, _ = local_pipeline
+    assert deployment._local.get("1") is not None
