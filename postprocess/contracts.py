@@ -9,8 +9,8 @@ import numpy as np
 
 from preprocess.contracts import TraceContext
 
-Task = Literal["embed", "classify"]
-Route = Literal["embeddings", "predict"]
+Task = Literal["embed", "classify", "rerank", "sparse_embed"]
+Route = Literal["embeddings", "predict", "rerank", "rerank_tei", "cohere_embed", "embed_sparse"]
 EncodingFormat = Literal["float", "base64"]
 
 JSON = "application/json"
@@ -35,12 +35,22 @@ class ModelOutput:
     labels: tuple[str, ...] = ()
     truncated: int = 0
     trace: TraceContext | None = None
+    activation: str = ""  # rerank: the manifest's score activation over the raw logit
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2:
             raise ValueError(f"values must be 2-D, got shape {self.values.shape}")
         if self.task == "classify" and self.values.shape[1] != len(self.labels):
             raise ValueError("classify output needs one label per column")
+
+
+@dataclass(frozen=True, slots=True)
+class RerankOptions:
+    """What a rerank answer holds. The documents travel only when the client asked for them back."""
+
+    top_n: int | None = None
+    documents: tuple[str, ...] | None = None
+    raw_scores: bool = False  # TEI: the cross-encoder's logit without its activation
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +63,9 @@ class ResponseOptions:
     dimensions: int | None = None
     # The id the client named the model by (its application's name); empty: the manifest's name.
     model_id: str = ""
+    embedding_types: tuple[str, ...] = ()  # compact embeddings (postprocess/quantize.py); () is float
+    rerank: RerankOptions | None = None
+    request_id: str = ""  # Cohere's responses carry an id
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from postprocess.contracts import ModelOutput, ResponseOptions
+from postprocess.quantize import quantize
 from preprocess.errors import InvalidRequestError, UnsupportedTaskError
+from preprocess.tokenize import TokenDetails
 
 
 def shorten_embeddings(values: np.ndarray, dimensions: int | None) -> np.ndarray:
@@ -36,23 +38,56 @@ def encode_rows(values: np.ndarray, encoding_format: str, decimals: int | None) 
     return list(round_floats(values, decimals))
 
 
+def typed_embeddings(
+    values: np.ndarray,
+    types: tuple[str, ...],
+    ranges: np.ndarray | None,
+    encoding_format: str,
+    decimals: int | None,
+) -> dict[str, list[Any]]:
+    """Each asked-for type, one entry per text (float rows follow ``encoding_format`` and rounding)."""
+    out: dict[str, list[Any]] = {}
+    for kind in types:
+        if kind == "float":
+            out[kind] = encode_rows(values, encoding_format, decimals)
+        else:
+            out[kind] = list(quantize(values, kind, ranges))
+    return out
+
+
 def usage(output: ModelOutput) -> dict[str, int]:
     return {"prompt_tokens": output.token_count, "total_tokens": output.token_count}
 
 
-def embeddings_payload(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> dict[str, Any]:
-    """OpenAI ``/v1/embeddings`` response body."""
+def embeddings_payload(
+    output: ModelOutput, options: ResponseOptions, decimals: int | None, ranges: np.ndarray | None = None
+) -> dict[str, Any]:
+    """OpenAI ``/v1/embeddings`` response body. With ``embedding_types`` (an extension), each item also
+    holds ``embeddings``: every asked-for type, and ``embedding`` is the first of them."""
     if output.task != "embed":
         raise UnsupportedTaskError(
             f"model {output.model.name!r} is a {output.task} model and returns no embeddings; "
             "use POST /predict"
         )
-    rows = encode_rows(
-        shorten_embeddings(output.values, options.dimensions), options.encoding_format, decimals
-    )
+    values = shorten_embeddings(output.values, options.dimensions)
+    if options.embedding_types:
+        typed = typed_embeddings(values, options.embedding_types, ranges, options.encoding_format, decimals)
+        first = typed[options.embedding_types[0]]
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": first[i],
+                "embeddings": {k: v[i] for k, v in typed.items()},
+            }
+            for i in range(len(values))
+        ]
+    else:
+        rows = encode_rows(values, options.encoding_format, decimals)
+        data = [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)]
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+        "data": data,
         "model": options.model_id or output.model.name,
         "model_version": output.model.version,
         "usage": usage(output),
@@ -87,3 +122,24 @@ def predict_payload(output: ModelOutput, options: ResponseOptions, decimals: int
     if output.truncated:
         body["truncated_inputs"] = output.truncated
     return body
+
+
+def tokenize_payload(
+    model_id: str, version: str, prompt: str, details: list[TokenDetails], offsets: bool
+) -> dict[str, Any]:
+    """``/tokenize``: per input its ids (special tokens and prompt included), their count and, when asked,
+    each token's character offsets into ``prompt + text`` (special tokens: [0, 0])."""
+    data = []
+    for i, d in enumerate(details):
+        item: dict[str, Any] = {"index": i, "ids": d.ids, "count": len(d.ids)}
+        if offsets:
+            item["offsets"] = [list(o) for o in d.offsets]
+        data.append(item)
+    total = sum(len(d.ids) for d in details)
+    return {
+        "model": model_id,
+        "model_version": version,
+        "prompt": prompt,
+        "data": data,
+        "usage": {"total_tokens": total},
+    }

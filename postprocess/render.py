@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import ormsgpack
 
@@ -16,21 +17,35 @@ from postprocess.contracts import (
     SerializedResponse,
 )
 from postprocess.payloads import embeddings_payload, predict_payload
+from postprocess.retrieval import cohere_embed_payload, rerank_payload, sparse_payload
 
 _ORJSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 _MSGPACK_OPTS = ormsgpack.OPT_SERIALIZE_NUMPY
 
 
-def render(payload: dict[str, Any], media_type: MediaType) -> bytes:
+def render(payload: Any, media_type: MediaType) -> bytes:
     if media_type == MSGPACK:
         return ormsgpack.packb(payload, option=_MSGPACK_OPTS)
     return orjson.dumps(payload, option=_ORJSON_OPTS)
 
 
-def serialize(output: ModelOutput, options: ResponseOptions, decimals: int | None) -> SerializedResponse:
-    """The serializer stage: model output + client options -> response bytes."""
-    build = embeddings_payload if options.route == "embeddings" else predict_payload
-    payload = build(output, options, decimals)
+def serialize(
+    output: ModelOutput, options: ResponseOptions, decimals: int | None, ranges: np.ndarray | None = None
+) -> SerializedResponse:
+    """The serializer stage: model output + client options -> response bytes. ``ranges``: the model's
+    calibrated int8 ranges (its manifest), for compact embedding types."""
+    route = options.route
+    payload: Any
+    if route == "embeddings":
+        payload = embeddings_payload(output, options, decimals, ranges)
+    elif route == "cohere_embed":
+        payload = cohere_embed_payload(output, options, decimals, ranges)
+    elif route in ("rerank", "rerank_tei"):
+        payload = rerank_payload(output, options, decimals)
+    elif route == "embed_sparse":
+        payload = sparse_payload(output, decimals)
+    else:
+        payload = predict_payload(output, options, decimals)
     return SerializedResponse(
         body=render(payload, options.media_type),
         media_type=options.media_type,

@@ -20,13 +20,26 @@ class TraceContext:
 
 @dataclass(frozen=True, slots=True)
 class TokenizeJob:
-    """One request's texts for the tokenizer stage."""
+    """One request's inputs for the tokenizer stage: texts, or token ids the client made itself; for a
+    rerank, the query too (documents in ``texts``)."""
 
     texts: list[str]
     truncate: bool = False
     deadline: float | None = None  # epoch seconds; past it the request is dropped before the model
     request_id: str = ""
     trace: TraceContext | None = None
+    prompt: str = ""  # prepended to every text (the model's named prompt); its tokens count
+    token_ids: list[list[int]] | None = None  # instead of texts: ids without special tokens
+    query: str | None = None  # rerank: pairs with a cross-encoder, else embedded first
+    query_prompt: str = ""
+    max_tokens: int | None = None  # rerank: each document cut to this many of its own tokens
+
+    @property
+    def size(self) -> int:
+        """Characters (or ids) to tokenize: what the job costs the tokenizer and, roughly, the model."""
+        if self.token_ids is not None:
+            return sum(len(ids) for ids in self.token_ids)
+        return sum(len(t) for t in self.texts) + len(self.query or "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,11 +72,9 @@ def parse_body(body: bytes, content_type: str | None, schema: type[RequestT]) ->
         raise InvalidRequestError(message, field) from None
 
 
-def check_input_count(texts: list[str], max_inputs: int) -> None:
-    if len(texts) > max_inputs:
-        raise TooManyInputsError(
-            f"too many inputs: {len(texts)} given, at most {max_inputs} per request", "input"
-        )
+def check_input_count(count: int, max_inputs: int, field: str = "input") -> None:
+    if count > max_inputs:
+        raise TooManyInputsError(f"too many inputs: {count} given, at most {max_inputs} per request", field)
 
 
 def pinned_version(requested: str | None, name: str, versions: Sequence[str]) -> str | None:
@@ -95,11 +93,25 @@ def pinned_version(requested: str | None, name: str, versions: Sequence[str]) ->
     )
 
 
-def check_dimensions(dimensions: int | None, model_dimension: int) -> None:
-    if dimensions is not None and not 1 <= dimensions <= model_dimension:
+def check_dimensions(
+    dimensions: int | None,
+    model_dimension: int,
+    matryoshka: Sequence[int] | None,
+    field: str = "dimensions",
+) -> None:
+    """Shorter embeddings only where the model was trained for them (Matryoshka), at one of its sizes, as
+    vLLM does; the full size is always accepted."""
+    if dimensions is None or dimensions == model_dimension:
+        return
+    if not matryoshka:
         raise InvalidRequestError(
-            f"dimensions must be between 1 and {model_dimension}, got {dimensions}", "dimensions"
+            f"{field}: this model was not trained for shorter embeddings (its manifest declares no "
+            f"matryoshka_dimensions); its embeddings have {model_dimension}",
+            field,
         )
+    if dimensions not in matryoshka:
+        sizes = ", ".join(str(d) for d in sorted({*matryoshka, model_dimension}))
+        raise InvalidRequestError(f"{field} must be one of {sizes}, got {dimensions}", field)
 
 
 TIMEOUT_HEADER = "x-request-timeout"
@@ -120,3 +132,13 @@ def request_timeout(header: str | None, default_s: float) -> float:
             "X-Request-Timeout must be a positive number of seconds", "x-request-timeout"
         )
     return min(value, default_s)
+
+
+def check_embedding_types(types: Sequence[str], calibrated: bool) -> None:
+    """int8 and uint8 need the model's calibrated ranges (its manifest); binary and float never do."""
+    if not calibrated and any(t in ("int8", "uint8") for t in types):
+        raise InvalidRequestError(
+            "embedding_types int8 and uint8 need calibrated ranges, which this model's manifest lacks "
+            "(python -m deployments.repository.calibrate); float, binary and ubinary work",
+            "embedding_types",
+        )

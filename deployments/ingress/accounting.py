@@ -20,6 +20,12 @@ access = logging.getLogger("textserve.access")
 CLIENT_CLOSED = 499  # nginx's convention for "client closed the connection before the answer"
 _ROUTES = {
     "/v1/embeddings": "embeddings",
+    "/v2/embed": "cohere_embed",
+    "/v1/rerank": "rerank",
+    "/v2/rerank": "rerank",
+    "/rerank": "rerank_tei",
+    "/embed_sparse": "embed_sparse",
+    "/tokenize": "tokenize",
     "/predict": "predict",
     "/v1/models": "models",
     "/healthz": "healthz",

@@ -15,13 +15,15 @@ import ormsgpack
 from cachetools import LRUCache
 
 from postprocess.contracts import MSGPACK, ResponseOptions, SerializedResponse
+from preprocess.contracts import TokenizeJob
 
 DEGRADED_HEADER = "X-Degraded"
 
 
-def cache_key(options: ResponseOptions, texts: list[str], truncate: bool) -> Hashable:
-    # A digest, not the texts: the cache is bounded by its answers' bytes and must not keep inputs alive.
-    return (options, truncate, hashlib.blake2b(orjson.dumps(texts), digest_size=16).digest())
+def cache_key(options: ResponseOptions, job: TokenizeJob) -> Hashable:
+    # A digest, not the inputs: the cache is bounded by its answers' bytes and must not keep inputs alive.
+    inputs = [job.texts, job.token_ids, job.query, job.prompt, job.query_prompt, job.max_tokens]
+    return (options, job.truncate, hashlib.blake2b(orjson.dumps(inputs), digest_size=16).digest())
 
 
 class FallbackCache:
@@ -52,7 +54,9 @@ class FallbackCache:
 def mark_degraded(body: bytes, media_type: str) -> bytes:
     if media_type == MSGPACK:
         payload = ormsgpack.unpackb(body)
+        if not isinstance(payload, dict):  # TEI's list bodies: the X-Degraded header says it
+            return body
         payload["degraded"] = True
         return ormsgpack.packb(payload)
-    # Every JSON body here is an object: add the flag as its first member without re-parsing.
+    # An object gets the flag as its first member without re-parsing; TEI's list bodies keep the header.
     return b'{"degraded":true,' + body[1:] if body.startswith(b"{") and body != b"{}" else body

@@ -33,7 +33,9 @@ from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
-from postprocess.contracts import ResponseOptions, SerializedResponse
+from postprocess.contracts import RerankOptions, ResponseOptions, SerializedResponse
+from postprocess.contracts import Route as RouteName
+from postprocess.payloads import tokenize_payload
 from postprocess.render import negotiate_media_type, render
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import (
@@ -47,12 +49,23 @@ from preprocess.errors import (
 )
 from preprocess.parsing import (
     TIMEOUT_HEADER,
+    RequestT,
     check_dimensions,
+    check_embedding_types,
     check_input_count,
     parse_body,
     request_timeout,
 )
-from preprocess.schemas import EmbeddingsRequest, PredictRequest
+from preprocess.prompts import rerank_job, resolve_prompt
+from preprocess.schemas import (
+    CohereEmbedRequest,
+    EmbeddingsRequest,
+    PredictRequest,
+    RerankRequest,
+    SparseEmbedRequest,
+    TeiRerankRequest,
+    TokenizeRequest,
+)
 
 HEALTH_TIMEOUT_S = 5.0
 REQUEST_ID_HEADER = "x-request-id"  # set by Serve's proxy when the client sends none
@@ -70,7 +83,11 @@ def _body_doc(schema: type) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
 
 
-api = FastAPI(title="textserve", version="0.1.0", description="Embeddings and text classification.")
+api = FastAPI(
+    title="textserve",
+    version="0.1.0",
+    description="Embeddings (dense, compact, sparse), reranking, text classification and tokenization.",
+)
 api.add_exception_handler(ServiceError, handle_service_error)
 api.add_exception_handler(StarletteHTTPException, handle_http_exception)
 api.add_exception_handler(Exception, handle_service_error)
@@ -148,16 +165,22 @@ class Ingress:
             self._fallback = FallbackCache(int(self._fallback_bytes))
 
     async def _run(
-        self, request: Request, route: Route, texts: list[str], truncate: bool, options: ResponseOptions
+        self, request: Request, route: Route, job: TokenizeJob, options: ResponseOptions
     ) -> Response:
-        check_input_count(texts, self._limits.max_inputs_per_request)
+        """``job``: the request's inputs; its deadline, id and trace are set here."""
+        count = len(job.token_ids) if job.token_ids is not None else len(job.texts)
+        check_input_count(
+            count, self._limits.max_inputs_per_request, "input" if job.query is None else "documents"
+        )
         timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
         if self._in_flight >= self._config.max_in_flight:  # bounded: refuse early instead of queueing
             raise OverloadedError(f"over {self._config.max_in_flight} requests in flight; retry shortly")
         request_id = request.headers.get(REQUEST_ID_HEADER, "")
         trace = self._tracing.start_request(request_id)  # None unless this request is sampled
         start_ns = time.time_ns()
-        job = TokenizeJob(texts, truncate, time.time() + timeout, request_id, trace)
+        key = (route.model, cache_key(options, job))
+        job = dataclasses.replace(job, deadline=time.time() + timeout, request_id=request_id, trace=trace)
+        options = dataclasses.replace(options, request_id=request_id)
         self._in_flight += 1
         lane = route.lane
         model_request = ModelRequest(job, options, lane.version, lane.role, route.pinned)
@@ -178,7 +201,7 @@ class Ingress:
             if trace is not None:
                 attributes = {"model": route.model, "version": lane.version}
                 self._tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
-        return self._answer(result, (route.model, cache_key(options, texts, truncate)))
+        return self._answer(result, key)
 
     def _answer(self, result: SerializedResponse | ServiceError, key: Any) -> Response:
         headers = {}
@@ -192,39 +215,150 @@ class Ingress:
         headers["X-Model-Version"] = result.model_version
         return Response(result.body, media_type=result.media_type, headers=headers)
 
+    async def _body(self, request: Request, schema: type[RequestT]) -> RequestT:
+        return parse_body(await self._read_body(request), request.headers.get("content-type"), schema)
+
+    def _route(self, model: str | None, path: str) -> Route:
+        """The request's model and version, refused (400) when the model's task has no such route."""
+        route = self._router.route(model)
+        lane = route.lane
+        if path not in lane.routes:
+            raise UnsupportedTaskError(
+                f"model {route.model!r} is a {lane.task} model: use {' or '.join(lane.routes[:-1])}", "model"
+            )
+        return route
+
+    @staticmethod
+    def _options(request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions:
+        media_type = negotiate_media_type(request.headers.get("accept"))
+        return ResponseOptions(route=name, media_type=media_type, model_id=route.model, **extra)
+
     @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
     async def embeddings(self, request: Request) -> Response:
-        """OpenAI-compatible embeddings. ``model``: a served name, or ``name:version`` to pin a version."""
-        body = parse_body(
-            await self._read_body(request), request.headers.get("content-type"), EmbeddingsRequest
-        )
-        route = self._router.route(body.model)
+        """OpenAI-compatible embeddings. ``model``: a served name, or ``name:version`` to pin a version.
+        ``input`` may be token ids (without special tokens); extensions: ``embedding_types``, prompts."""
+        body = await self._body(request, EmbeddingsRequest)
+        route = self._route(body.model, "/v1/embeddings")
         lane = route.lane
-        if lane.task != "embed":
-            raise UnsupportedTaskError(
-                f"model {route.model!r} is a {lane.task} model: use POST /predict", "model"
-            )
-        check_dimensions(body.dimensions, lane.dimension or 0)
-        options = ResponseOptions(
-            route="embeddings",
-            media_type=negotiate_media_type(request.headers.get("accept")),
+        check_dimensions(body.dimensions, lane.dimension or 0, lane.matryoshka_dimensions)
+        types = tuple(body.embedding_types or ())
+        check_embedding_types(types, lane.quantization)
+        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)
+        job = TokenizeJob(body.texts, body.truncate, prompt=prompt, token_ids=body.token_ids)
+        options = self._options(
+            request,
+            route,
+            "embeddings",
             encoding_format=body.encoding_format,
             dimensions=body.dimensions,
-            model_id=route.model,
+            embedding_types=types,
         )
-        return await self._run(request, route, body.texts, body.truncate, options)
+        return await self._run(request, route, job, options)
+
+    @api.post("/v2/embed", openapi_extra=_body_doc(CohereEmbedRequest))
+    async def cohere_embed(self, request: Request) -> Response:
+        """Cohere's embed (v2): ``texts``, ``input_type``, ``embedding_types`` (float, int8, uint8, binary,
+        ubinary), ``truncate`` (END or NONE), ``max_tokens``, ``output_dimension``."""
+        body = await self._body(request, CohereEmbedRequest)
+        route = self._route(body.model, "/v2/embed")
+        lane = route.lane
+        check_dimensions(
+            body.output_dimension, lane.dimension or 0, lane.matryoshka_dimensions, "output_dimension"
+        )
+        types = tuple(body.embedding_types or ("float",))
+        check_embedding_types(types, lane.quantization)
+        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type)
+        job = TokenizeJob(body.texts, body.truncate == "END", prompt=prompt, max_tokens=body.max_tokens)
+        options = self._options(
+            request, route, "cohere_embed", dimensions=body.output_dimension, embedding_types=types
+        )
+        return await self._run(request, route, job, options)
+
+    @api.post("/v1/rerank", openapi_extra=_body_doc(RerankRequest))
+    async def rerank(self, request: Request) -> Response:
+        """Cohere v2 / Jina rerank: documents by relevance to the query, best first (also ``/v2/rerank``).
+        A cross-encoder scores (query, document) pairs; an embedding model, their cosine."""
+        return await self._rerank(request, "/v1/rerank")
+
+    @api.post("/v2/rerank", openapi_extra=_body_doc(RerankRequest))
+    async def rerank_v2(self, request: Request) -> Response:
+        """Cohere's v2 rerank path: the same as ``/v1/rerank``."""
+        return await self._rerank(request, "/v2/rerank")
+
+    async def _rerank(self, request: Request, path: str) -> Response:
+        body = await self._body(request, RerankRequest)
+        route = self._route(body.model, path)
+        docs = tuple(body.documents) if body.return_documents else None
+        job = rerank_job(
+            route.lane.task,
+            route.lane.prompt_table,
+            body.query,
+            body.documents,
+            True,
+            body.max_tokens_per_doc,
+        )
+        options = self._options(request, route, "rerank", rerank=RerankOptions(body.top_n, docs))
+        return await self._run(request, route, job, options)
+
+    @api.post("/rerank", openapi_extra=_body_doc(TeiRerankRequest))
+    async def rerank_tei(self, request: Request) -> Response:
+        """TEI's rerank: a list of ``{index, score, text?}``, best first."""
+        body = await self._body(request, TeiRerankRequest)
+        route = self._route(body.model, "/rerank")
+        docs = tuple(body.texts) if body.return_text else None
+        job = rerank_job(
+            route.lane.task, route.lane.prompt_table, body.query, body.texts, body.truncate, None
+        )
+        rerank = RerankOptions(documents=docs, raw_scores=body.raw_scores)
+        return await self._run(
+            request, route, job, self._options(request, route, "rerank_tei", rerank=rerank)
+        )
+
+    @api.post("/embed_sparse", openapi_extra=_body_doc(SparseEmbedRequest))
+    async def embed_sparse(self, request: Request) -> Response:
+        """TEI's sparse embeddings (SPLADE models): per input, ``{index, value}`` of its non-zero weights."""
+        body = await self._body(request, SparseEmbedRequest)
+        route = self._route(body.model, "/embed_sparse")
+        lane = route.lane
+        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, prompt_name=body.prompt_name)
+        job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
+        return await self._run(request, route, job, self._options(request, route, "embed_sparse"))
+
+    @api.post("/tokenize", openapi_extra=_body_doc(TokenizeRequest))
+    async def tokenize(self, request: Request) -> Response:
+        """The served model's tokenizer (with its prompt): ids, counts and, optionally, character offsets
+        into ``prompt + text`` per input."""
+        body = await self._body(request, TokenizeRequest)
+        route = self._router.route(body.model)
+        lane = route.lane
+        check_input_count(len(body.texts), self._limits.max_inputs_per_request)
+        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)
+        job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
+        call = self._handle(route.model, MODEL).tokenize.remote(job, lane.version)
+        try:
+            result = await asyncio.wait_for(call, self._config.request_timeout_s)
+        except asyncio.TimeoutError:
+            call.cancel()
+            raise DeadlineExceededError("no answer from the model's tokenizer in time") from None
+        except ServiceError:
+            raise
+        except Exception as exc:
+            raise as_service_error(exc) from None
+        if isinstance(result, ServiceError):
+            raise result
+        payload = tokenize_payload(route.model, lane.version, prompt, result, body.return_offsets)
+        media_type = negotiate_media_type(request.headers.get("accept"))
+        return Response(
+            render(payload, media_type), media_type=media_type, headers={"X-Model-Version": lane.version}
+        )
 
     @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
         """Embeddings or class labels, by the model's task. ``model``: a name, ``name:version`` or none."""
-        body = parse_body(await self._read_body(request), request.headers.get("content-type"), PredictRequest)
-        route = self._router.route(body.model)
-        options = ResponseOptions(
-            route="predict",
-            media_type=negotiate_media_type(request.headers.get("accept")),
-            model_id=route.model,
-        )
-        return await self._run(request, route, body.inputs, body.truncate, options)
+        body = await self._body(request, PredictRequest)
+        route = self._route(body.model, "/predict")
+        options = self._options(request, route, "predict")
+        return await self._run(request, route, TokenizeJob(body.inputs, body.truncate), options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:

@@ -20,6 +20,13 @@ TOKENIZER = "Tokenizer"
 INFERENCE = "Inference"
 SERIALIZER = "Serializer"
 MODEL = "Model"  # the application's ingress: its pipeline (groups requests through the stages) and card
+RERANK_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
+ROUTES: dict[str, tuple[str, ...]] = {
+    "embed": ("/v1/embeddings", "/v2/embed", "/predict", *RERANK_ROUTES),
+    "classify": ("/predict",),
+    "rerank": RERANK_ROUTES,
+    "sparse_embed": ("/embed_sparse",),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,19 @@ class LaneCard:
     max_tokens: int
     dimension: int | None
     labels: tuple[str, ...]
+    prompts: tuple[tuple[str, str], ...] = ()  # (name, prefix): a dict is not hashable in a frozen card
+    default_prompt: str | None = None
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    quantization: bool = False  # calibrated int8/uint8 ranges in the manifest
+
+    @property
+    def prompt_table(self) -> dict[str, str]:
+        return dict(self.prompts)
+
+    @property
+    def routes(self) -> tuple[str, ...]:
+        """The HTTP routes this version answers (``/tokenize`` takes every model)."""
+        return ROUTES[self.task] + ("/tokenize",)
 
     @property
     def tokenizer(self) -> str:
@@ -52,6 +72,10 @@ class LaneCard:
             max_tokens=manifest.input.max_tokens,
             dimension=manifest.output.dimension,
             labels=tuple(manifest.output.labels or ()),
+            prompts=tuple(sorted(manifest.prompts.items())),
+            default_prompt=manifest.default_prompt_name,
+            matryoshka_dimensions=manifest.matryoshka_dimensions,
+            quantization=manifest.quantization is not None,
         )
 
 
@@ -88,13 +112,22 @@ def lane_entry(model_id: str, lane: LaneCard, share: float, default: bool) -> di
         "role": lane.role,
         "traffic_share": round(share, 6),
         "task": lane.task,
+        "routes": list(lane.routes),
         "max_tokens": lane.max_tokens,
         "default": default,
     }
-    if lane.task == "embed":
-        entry["dimension"] = lane.dimension
-    else:
+    if lane.task == "classify":
         entry["labels"] = list(lane.labels)
+    elif lane.task != "rerank":
+        entry["dimension"] = lane.dimension
+    if lane.prompts:
+        entry["prompts"] = lane.prompt_table
+        entry["default_prompt_name"] = lane.default_prompt
+    if lane.task == "embed":
+        entry["matryoshka_dimensions"] = list(lane.matryoshka_dimensions or [])
+        entry["embedding_types"] = ["float", "binary", "ubinary"] + (
+            ["int8", "uint8"] if lane.quantization else []
+        )
     return entry
 
 

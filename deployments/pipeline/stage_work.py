@@ -13,14 +13,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+import numpy as np
+
 from deployments.observability.metrics import StageMetrics
 from deployments.observability.tracing import Tracing
 from deployments.repository.manifest import ResolvedModel
-from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
+from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
 from preprocess.contracts import EncodedTexts, TokenizeJob, TraceContext
 from preprocess.errors import InternalError, ServiceError
-from preprocess.tokenize import TextTokenizer
+from preprocess.tokenize import TextTokenizer, TokenDetails, encode_job
 
 log = logging.getLogger("textserve.stages")
 R = TypeVar("R")
@@ -28,7 +30,7 @@ R = TypeVar("R")
 
 def group_chars(jobs: Sequence[TokenizeJob]) -> int:
     """Characters a group asks to tokenize: its cost in both CPU stages (values to serialize follow it)."""
-    return sum(len(text) for job in jobs for text in job.texts)
+    return sum(job.size for job in jobs)
 
 
 class _StageWork:
@@ -68,25 +70,37 @@ class TokenizeWork(_StageWork):
         )
         self._tokenizer = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
         self._tokenizer_id = model.tokenizer_id
+        self._pairs = model.manifest.task == "rerank"  # a cross-encoder reads (query, document) pairs
 
     def encode(self, jobs: Sequence[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
         return [self._one(lambda job=job: self._encode(job), job.trace, job.request_id) for job in jobs]
 
+    def details(self, job: TokenizeJob) -> list[TokenDetails]:
+        """``/tokenize``: ids and offsets of each text, with the request's prompt."""
+        return self._tokenizer.details(job.texts, job.prompt, job.truncate)
+
     def _encode(self, job: TokenizeJob) -> EncodedTexts:
-        encoded = self._tokenizer.encode(job.texts, job.truncate)
+        encoded = encode_job(self._tokenizer, job, self._pairs)
         return dataclasses.replace(
             encoded, deadline=job.deadline, trace=job.trace, tokenizer_id=self._tokenizer_id
         )
 
 
 class SerializeWork(_StageWork):
-    def __init__(self, tracing: Tracing) -> None:
+    """Responses for one model's outputs; ``models``: its served versions, for their int8 ranges."""
+
+    def __init__(self, tracing: Tracing, models: Sequence[ResolvedModel] = ()) -> None:
         super().__init__(
             tracing,
             "serialize",
             "serialization",
             StageMetrics("serialize_ms", "Time to serialize one response."),
         )
+        self._ranges = {
+            ModelIdentity(m.manifest.name, m.manifest.version): np.asarray(q.ranges, dtype=np.float32)
+            for m in models
+            if (q := m.manifest.quantization) is not None
+        }
 
     def serialize(
         self,
@@ -99,7 +113,10 @@ class SerializeWork(_StageWork):
         return [
             output
             if isinstance(output, ServiceError)
-            else self._one(lambda o=output, opts=opts: serialize(o, opts, float_decimals), output.trace)
+            else self._one(
+                lambda o=output, opts=opts: serialize(o, opts, float_decimals, self._ranges.get(o.model)),
+                output.trace,
+            )
             for output, opts in zip(outputs, options, strict=True)
         ]
 

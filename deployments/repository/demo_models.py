@@ -45,28 +45,51 @@ _ST = "sentence_transformers.models."
 @dataclass(frozen=True, slots=True)
 class DemoSpec:
     name: str
-    task: str  # embed | classify
+    task: str  # embed | classify | rerank (a cross-encoder) | sparse_embed (SPLADE)
     hidden: int
     heads: int
     max_tokens: int
     seed: int
     labels: tuple[str, ...] = ()
     layers: int = 2
+    prompts: tuple[tuple[str, str], ...] = ()  # embed: named prompts, as sentence-transformers stores them
+    matryoshka: tuple[int, ...] | None = None  # embed: declared (a demo was not trained for them)
+    calibrate: bool = False  # embed: int8 ranges in the manifest
+    onnx: bool = True  # the ONNX export covers embed and classify
 
     @property
     def output(self) -> dict[str, object]:
-        return {"dimension": self.hidden} if self.task == "embed" else {"labels": list(self.labels)}
+        if self.task == "classify":
+            return {"labels": list(self.labels)}
+        if self.task == "rerank":
+            return {}
+        return {"dimension": VOCAB_SIZE if self.task == "sparse_embed" else self.hidden}
 
+
+VOCAB_SIZE = 30522  # the default model's tokenizer, which every demo reuses
+QUERY_PROMPTS = (("document", "passage: "), ("query", "query: "))
 
 DEMOS = (
     DemoSpec("demo-sentiment-classifier", "classify", 128, 2, 128, 1, ("negative", "neutral", "positive")),
-    DemoSpec("demo-mini-embedder", "embed", 256, 4, 256, 2),
+    DemoSpec(
+        "demo-mini-embedder",
+        "embed",
+        256,
+        4,
+        256,
+        2,
+        prompts=QUERY_PROMPTS,
+        matryoshka=(64, 128),
+        calibrate=True,
+    ),
+    DemoSpec("demo-cross-encoder", "rerank", 128, 2, 256, 3, onnx=False),
+    DemoSpec("demo-splade", "sparse_embed", 128, 2, 128, 4, onnx=False),
 )
 
 
 def stale_reason(spec: DemoSpec, target: Path, onnx: bool) -> str | None:
     """Why ``target`` is not a current build of ``spec`` (None: it checks out, sha256 sums included)."""
-    dirs = [target, target / ONNX_SUBDIR] if onnx else [target]
+    dirs = [target, target / ONNX_SUBDIR] if onnx and spec.onnx else [target]
     for d in dirs:
         try:
             path = d / "manifest.json"
@@ -85,6 +108,9 @@ def _differs(spec: DemoSpec, manifest: Manifest) -> str | None:
     have |= {"max_tokens": manifest.input.max_tokens, "dimension": out.dimension, "labels": out.labels}
     want = {"name": spec.name, "version": VERSION, "task": spec.task, "max_tokens": spec.max_tokens}
     want |= {"dimension": spec.output.get("dimension"), "labels": spec.labels or None}
+    have |= {"prompts": manifest.prompts, "matryoshka": manifest.matryoshka_dimensions}
+    have["calibrated"] = manifest.quantization is not None
+    want |= {"prompts": dict(spec.prompts), "matryoshka": spec.matryoshka, "calibrated": spec.calibrate}
     return next((k for k in want if want[k] != have[k]), None)
 
 
@@ -109,7 +135,11 @@ def build(
         _write_weights(spec, target, _tokenizer_dir(source))
     (target / "README.md").write_text(f"# {spec.name}\n\n{NOTICE.capitalize()}.\n", encoding="utf-8")
     _write_manifest(spec, target)
-    if onnx:
+    if spec.calibrate:
+        from deployments.repository.calibrate import calibrate
+
+        calibrate(target)
+    if onnx and spec.onnx:
         from deployments.runtime.export_onnx import export
 
         with _quiet():  # its step log, tracer warnings and progress bars: a few dozen lines a model
@@ -137,12 +167,14 @@ def _tokenizer_dir(source: Path) -> Path:
 
 def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertModel
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification, BertModel
 
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, target / name)
     labels = {"id2label": dict(enumerate(spec.labels)), "label2id": {v: i for i, v in enumerate(spec.labels)}}
+    if spec.task == "rerank":
+        labels = {"num_labels": 1}
     config = BertConfig(
         vocab_size=Tokenizer.from_file(str(target / "tokenizer.json")).get_vocab_size(),
         hidden_size=spec.hidden,
@@ -150,11 +182,11 @@ def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
         num_attention_heads=spec.heads,
         intermediate_size=4 * spec.hidden,
         max_position_embeddings=512,
-        **(labels if spec.task == "classify" else {}),
+        **(labels if spec.task in ("classify", "rerank") else {}),
     )
     torch.manual_seed(spec.seed)
-    cls = BertModel if spec.task == "embed" else BertForSequenceClassification
-    cls(config).eval().save_pretrained(target)
+    classes = {"embed": BertModel, "sparse_embed": BertForMaskedLM}
+    classes.get(spec.task, BertForSequenceClassification)(config).eval().save_pretrained(target)
     if spec.task == "embed":  # sentence-transformers layout: the weight check reads pooling from it
         _write_json(target / "sentence_bert_config.json", {"max_seq_length": spec.max_tokens})
         pooling = {"word_embedding_dimension": spec.hidden, "pooling_mode_mean_tokens": True}
@@ -162,6 +194,12 @@ def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
         modules = [("Transformer", ""), ("Pooling", "1_Pooling"), ("Normalize", "2_Normalize")]
         entries = [{"idx": i, "name": str(i), "path": p, "type": _ST + t} for i, (t, p) in enumerate(modules)]
         _write_json(target / "modules.json", entries)
+        st_config = {
+            "prompts": dict(spec.prompts),
+            "default_prompt_name": None,
+            "similarity_fn_name": "cosine",
+        }
+        _write_json(target / "config_sentence_transformers.json", st_config)
 
 
 def _write_manifest(spec: DemoSpec, target: Path) -> None:
@@ -176,6 +214,12 @@ def _write_manifest(spec: DemoSpec, target: Path) -> None:
     }
     if spec.task == "embed":
         manifest |= {"pooling": "mean", "normalize": True}
+    if spec.prompts:
+        manifest["prompts"] = dict(spec.prompts)
+    if spec.matryoshka:
+        manifest["matryoshka_dimensions"] = list(spec.matryoshka)
+    if spec.task == "rerank":
+        manifest["activation"] = "sigmoid"  # sentence-transformers' CrossEncoder default for one label
     files = ("model.safetensors", "config.json", "tokenizer.json")
     manifest["files"] = {f: sha256_of(target / f) for f in files}
     _write_json(target / "manifest.json", manifest)

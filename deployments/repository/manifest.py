@@ -45,15 +45,28 @@ class InputSignature(_Strict):
 
 
 class OutputSignature(_Strict):
-    dimension: int | None = Field(default=None, ge=1, description="Embedding size (task embed).")
+    dimension: int | None = Field(
+        default=None, ge=1, description="Embedding size (task embed); vocabulary size (task sparse_embed)."
+    )
     labels: tuple[str, ...] | None = Field(default=None, description="Class names in logit order.")
+
+
+class Quantization(_Strict):
+    """Per-dimension (min, max) of the model's embeddings over a calibration corpus: the int8/uint8 buckets
+    (``python -m deployments.repository.calibrate``)."""
+
+    ranges: tuple[tuple[float, ...], tuple[float, ...]]
+    corpus: str = Field(default="", description="What the ranges were calibrated on, and how many texts.")
+
+
+Task = Literal["embed", "classify", "rerank", "sparse_embed"]
 
 
 class Manifest(_Strict):
     schema_version: Literal[1] = 1
     name: str = Field(min_length=1)
     version: str = Field(min_length=1)
-    task: Literal["embed", "classify"]
+    task: Task
     weights: str = Field(
         default=".", description="Weights dir: relative to the manifest, or package://pkg/sub."
     )
@@ -69,20 +82,51 @@ class Manifest(_Strict):
     output: OutputSignature
     pooling: Literal["mean", "cls"] | None = None
     normalize: bool = False
+    activation: Literal["sigmoid", "identity"] | None = Field(
+        default=None,
+        description="Task rerank: the relevance score from the one-label logit (sigmoid, as "
+        "sentence-transformers' CrossEncoder does by default, or identity).",
+    )
+    prompts: dict[str, str] = Field(
+        default_factory=dict,
+        description="Named prompts prepended to a text (sentence-transformers' prompts), e.g. "
+        '{"query": "query: ", "document": "passage: "}; chosen per request by input_type or prompt_name.',
+    )
+    default_prompt_name: str | None = Field(default=None, description="The prompt used when none is named.")
+    matryoshka_dimensions: tuple[int, ...] | None = Field(
+        default=None,
+        description="Task embed: the dimensions the model was trained to be cut to; a request's "
+        "`dimensions` must be one of them (a model without them refuses `dimensions`).",
+    )
+    quantization: Quantization | None = None
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of weight files.")
 
     @model_validator(mode="after")
     def _signature_fits_task(self) -> Manifest:
-        if self.task == "embed":
-            if self.output.dimension is None:
-                raise ValueError("output.dimension is required for task 'embed'")
-            if self.pooling is None:
-                raise ValueError("pooling is required for task 'embed'")
-        else:
+        if self.task in ("embed", "sparse_embed") and self.output.dimension is None:
+            raise ValueError(f"output.dimension is required for task '{self.task}'")
+        if self.task == "embed" and self.pooling is None:
+            raise ValueError("pooling is required for task 'embed'")
+        if self.task == "classify":
             labels = self.output.labels
             if not labels or len(labels) < 2 or len(set(labels)) != len(labels):
                 raise ValueError("output.labels must list at least two distinct labels for 'classify'")
+        if self.task == "rerank" and self.activation is None:
+            raise ValueError("activation is required for task 'rerank' (sigmoid or identity)")
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of prompts")
+        self._check_embedding_extras()
         return self
+
+    def _check_embedding_extras(self) -> None:
+        dimension = self.output.dimension or 0
+        dims = self.matryoshka_dimensions
+        if dims is not None and (self.task != "embed" or not all(1 <= d <= dimension for d in dims)):
+            raise ValueError(f"matryoshka_dimensions must be embedding sizes from 1 to {dimension}")
+        if self.quantization is not None:
+            lows, highs = self.quantization.ranges
+            if self.task != "embed" or len(lows) != dimension or len(highs) != dimension:
+                raise ValueError(f"quantization.ranges must hold two rows of {dimension} values")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +153,10 @@ class ResolvedModel:
 
     @property
     def output_size(self) -> int:
+        """Columns the model returns per text: embedding or vocabulary size, labels, or 1 (a rerank score)."""
         out = self.manifest.output
+        if self.manifest.task == "rerank":
+            return 1
         return out.dimension if out.dimension is not None else len(out.labels or ())
 
 
@@ -133,7 +180,7 @@ def load_manifest(path: Path) -> Manifest:
 def _field_in(message: str) -> str:
     # Cross-field rules report their field in the message ("output.labels must ...").
     for word in message.replace("Value error, ", "").split():
-        if "." in word or word in ("pooling",):
+        if "." in word or word in ("pooling", "activation", "default_prompt_name", "matryoshka_dimensions"):
             return word
     return "manifest.json"
 

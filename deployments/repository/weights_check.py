@@ -21,8 +21,13 @@ def check_weights(manifest: Manifest, weights: Path, path: Path, hash_files: boo
     _check_max_tokens(manifest, weights, config, path)
     if manifest.task == "embed":
         _check_embedding(manifest, weights, config, path)
-    else:
+    elif manifest.task == "classify":
         _check_labels(manifest, config, path)
+    elif manifest.task == "rerank":
+        _check_cross_encoder(config, path)
+    else:
+        _check_masked_lm(manifest, config, path)
+    _check_prompts(manifest, weights, path)
     if manifest.format == "onnx" and not (weights / ONNX_FILE).is_file():
         raise ManifestError("format", f"format is 'onnx' but {weights / ONNX_FILE} is missing", path)
     if hash_files:
@@ -104,6 +109,46 @@ def _check_labels(manifest: Manifest, config: dict, path: Path) -> None:
         raise ManifestError(
             "output.labels", f"manifest says {list(labels)} but the weights say {list(names)}", path
         )
+
+
+def _architectures(config: dict) -> list[str]:
+    return list(config.get("architectures") or [])
+
+
+def _check_cross_encoder(config: dict, path: Path) -> None:
+    archs = _architectures(config)
+    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+        need = "'rerank' needs a cross-encoder (sequence classification)"
+        raise ManifestError("task", f"{need}, got {archs}", path)
+    labels = len(config.get("id2label") or {}) or config.get("num_labels")
+    if labels is not None and labels != 1:
+        raise ManifestError(
+            "task", f"'rerank' needs a one-label cross-encoder, the weights have {labels}", path
+        )
+
+
+def _check_masked_lm(manifest: Manifest, config: dict, path: Path) -> None:
+    archs = _architectures(config)
+    if archs and not any(a.endswith("ForMaskedLM") for a in archs):
+        raise ManifestError("task", f"'sparse_embed' needs a masked-LM head (SPLADE), got {archs}", path)
+    vocab = config.get("vocab_size")
+    if vocab != manifest.output.dimension:
+        raise ManifestError(
+            "output.dimension",
+            f"manifest says {manifest.output.dimension} but the weights' vocabulary is {vocab}",
+            path,
+        )
+
+
+def _check_prompts(manifest: Manifest, weights: Path, path: Path) -> None:
+    """A sentence-transformers model's own prompts must be the manifest's: a different prefix gives
+    different vectors than the model's users expect."""
+    st_file = weights / "config_sentence_transformers.json"
+    if not st_file.is_file():
+        return
+    trained = read_json(st_file).get("prompts") or {}
+    if trained and trained != manifest.prompts:
+        raise ManifestError("prompts", f"manifest says {manifest.prompts} but the model says {trained}", path)
 
 
 def _check_files(manifest: Manifest, weights: Path, path: Path) -> None:

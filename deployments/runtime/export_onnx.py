@@ -80,6 +80,8 @@ def export(
     manifest = load_manifest(manifest_path)
     if manifest.format != "transformers":
         raise SystemExit(f"{manifest_path}: already format {manifest.format!r}")
+    if manifest.task not in ("embed", "classify"):
+        raise SystemExit(f"{manifest_path}: task {manifest.task!r} is served by the torch backend only")
     weights = weights_dir_of(manifest, manifest_path)
     check_weights(manifest, weights, manifest_path, hash_files=True)
 

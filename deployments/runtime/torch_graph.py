@@ -40,20 +40,53 @@ def pool(hidden: torch.Tensor, attention: torch.Tensor, pooling: str | None, nor
     return pooled
 
 
-class _Head(torch.nn.Module):
-    """Model plus what the service returns: pooled (and normalized) float32 vectors, or probabilities."""
+def sparse_pool(logits: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    """SPLADE: log(1 + relu(logits)) per token and vocabulary entry, max-pooled over the real tokens."""
+    weights = torch.log1p(torch.relu(logits)) * attention.unsqueeze(-1).to(logits.dtype)
+    return weights.max(dim=1).values
 
-    def __init__(self, model: torch.nn.Module, task: str, pooling: str | None, normalize: bool) -> None:
+
+def pair_type_ids(input_ids: torch.Tensor, sep_id: int) -> torch.Tensor:
+    """Token type ids of encoded pairs ([CLS] a [SEP] b [SEP]): 1 after the first separator. Derived from
+    the ids inside the graph, so a cross-encoder takes the same two inputs as every other model."""
+    is_sep = (input_ids == sep_id).to(torch.int64)
+    return ((torch.cumsum(is_sep, dim=1) - is_sep) > 0).to(torch.int64)
+
+
+class _Head(torch.nn.Module):
+    """Model plus what the service returns: pooled (and normalized) float32 vectors, probabilities, a
+    cross-encoder's raw logit (the activation is the serializer's: TEI's raw_scores needs the logit), or
+    SPLADE weights over the vocabulary."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        task: str,
+        pooling: str | None,
+        normalize: bool,
+        sep_id: int | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.task = task
         self.pooling = pooling
         self.normalize = normalize
+        # Pairs need segment ids only where the model has segment embeddings (BERT; not RoBERTa).
+        types = int(getattr(model.config, "type_vocab_size", 1) or 1)
+        self.sep_id = sep_id if task == "rerank" and types > 1 else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        result = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        if self.sep_id is not None:
+            types = pair_type_ids(input_ids, self.sep_id)
+            result = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=types)
+        else:
+            result = self.model(input_ids=input_ids, attention_mask=attention_mask)
         if self.task == "classify":
             return torch.softmax(result.logits.float(), dim=-1)
+        if self.task == "rerank":
+            return result.logits.float()
+        if self.task == "sparse_embed":
+            return sparse_pool(result.logits.float(), attention_mask)
         return pool(result.last_hidden_state.float(), attention_mask, self.pooling, self.normalize)
 
 
@@ -71,16 +104,23 @@ def check_batch(
     return [torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)]
 
 
-def eager_head(model: torch.nn.Module, task: str, pooling: str | None, normalize: bool) -> GraphFn:
-    return _Head(model, task, pooling, normalize).eval()
+def eager_head(
+    model: torch.nn.Module, task: str, pooling: str | None, normalize: bool, sep_id: int | None = None
+) -> GraphFn:
+    return _Head(model, task, pooling, normalize, sep_id).eval()
 
 
 @torch.inference_mode()
 def traced_head(
-    model: torch.nn.Module, task: str, pooling: str | None, normalize: bool, device: torch.device
+    model: torch.nn.Module,
+    task: str,
+    pooling: str | None,
+    normalize: bool,
+    device: torch.device,
+    sep_id: int | None = None,
 ) -> GraphFn:
     """The traced, frozen head, verified against the eager one on ``CHECK_SHAPES``."""
-    eager = _Head(model, task, pooling, normalize).eval()
+    eager = _Head(model, task, pooling, normalize, sep_id).eval()
     vocab = int(getattr(model.config, "vocab_size", 1000))
     example = check_batch(2, 8, 5, vocab, device)  # padded, so the mask path is what gets recorded
     with warnings.catch_warnings():
@@ -99,12 +139,10 @@ def _compare(task: str, shape: tuple[int, int, int], want: torch.Tensor, got: to
         raise TraceMismatchError(
             f"traced graph gives shape {tuple(got.shape)} for {shape}, eager {tuple(want.shape)}"
         )
-    if task == "classify":
-        gap = float((want - got).abs().max())
+    if task != "embed":  # probabilities, logits, sparse weights: relative to their scale
+        gap = float((want - got).abs().max()) / max(1.0, float(want.abs().max()))
         if gap > MAX_PROB_DIFF:
-            raise TraceMismatchError(
-                f"traced probabilities differ by {gap:.2e} at {shape} (max {MAX_PROB_DIFF})"
-            )
+            raise TraceMismatchError(f"traced outputs differ by {gap:.2e} at {shape} (max {MAX_PROB_DIFF})")
         return
     cosine = float(torch.nn.functional.cosine_similarity(want, got, dim=1).min())
     if not cosine >= MIN_COSINE:

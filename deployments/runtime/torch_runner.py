@@ -6,11 +6,12 @@ import logging
 
 import numpy as np
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification
+from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
 from deployments.runtime.torch_graph import eager_head, traced_head
+from preprocess.tokenize import sep_token_id
 
 
 def pick_device(requested: str) -> torch.device:
@@ -19,6 +20,13 @@ def pick_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+# What each task loads: bare encoder (pooled here), a classification head, or the masked-LM head (SPLADE).
+MODEL_CLASSES = {
+    "embed": AutoModel,
+    "classify": AutoModelForSequenceClassification,
+    "rerank": AutoModelForSequenceClassification,
+    "sparse_embed": AutoModelForMaskedLM,
+}
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 log = logging.getLogger("textserve.runner")
@@ -46,7 +54,7 @@ class ModelRunner(BatchRunner):
         super().__init__(model, pad_id)
         self.device = device
         self._cache_release_fraction = cache_release_fraction
-        cls = AutoModel if self.task == "embed" else AutoModelForSequenceClassification
+        cls = MODEL_CLASSES[self.task]
         self.model = (
             cls.from_pretrained(str(model.weights_dir), dtype=DTYPES[model.precision]).to(device).eval()
         )
@@ -54,10 +62,11 @@ class ModelRunner(BatchRunner):
         if device.type == "cpu" and model.precision == "bf16" and not cpu_has_bf16():
             log.warning("precision bf16 on a CPU without bf16 instructions runs slowly: set precision fp32")
         m = model.manifest
+        sep = sep_token_id(model.tokenizer_file)
         if graph == "trace":
-            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device)
+            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device, sep)
         else:
-            self._head = eager_head(self.model, self.task, m.pooling, m.normalize)
+            self._head = eager_head(self.model, self.task, m.pooling, m.normalize, sep)
         self.graph = graph
 
     @property
@@ -67,9 +76,13 @@ class ModelRunner(BatchRunner):
     def _check_loaded(self) -> None:
         # The weights as loaded, not just their config file, must fit the manifest's output signature.
         config = self.model.config
-        have = config.hidden_size if self.task == "embed" else config.num_labels
+        have, field = {
+            "embed": (config.hidden_size, "output.dimension"),
+            "classify": (config.num_labels, "output.labels"),
+            "rerank": (config.num_labels, "task"),
+            "sparse_embed": (config.vocab_size, "output.dimension"),
+        }[self.task]
         if have != self.output_size:
-            field = "output.dimension" if self.task == "embed" else "output.labels"
             raise ManifestError(field, f"loaded model gives {have}", self.model_info.manifest_path)
 
     @torch.inference_mode()

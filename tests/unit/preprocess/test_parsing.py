@@ -15,6 +15,7 @@ from preprocess.errors import (
 from preprocess.parsing import (
     check_content_type,
     check_dimensions,
+    check_embedding_types,
     check_input_count,
     parse_body,
     pinned_version,
@@ -241,10 +242,10 @@ def test_predict_unknown_field():
 
 
 def test_check_input_count():
-    check_input_count(["a"] * 3, 3)
-    check_input_count([], 1)
+    check_input_count(3, 3)
+    check_input_count(0, 1)
     with pytest.raises(TooManyInputsError) as info:
-        check_input_count(["a"] * 4, 3)
+        check_input_count(4, 3)
     assert info.value.param == "input"
     assert "4 given" in info.value.message
     assert "at most 3" in info.value.message
@@ -269,18 +270,34 @@ def test_pinned_version_rejects_unknown_models_and_versions(requested):
     assert "'all-MiniLM-L6-v2:2'" in info.value.message
 
 
-@pytest.mark.parametrize("dimensions", [None, 1, 100, 384])
-def test_check_dimensions_accepts(dimensions):
-    check_dimensions(dimensions, 384)
+@pytest.mark.parametrize("dimensions", [None, 64, 128, 384])
+def test_check_dimensions_accepts_matryoshka_sizes_and_the_full_size(dimensions):
+    check_dimensions(dimensions, 384, (64, 128))
+    if dimensions in (None, 384):
+        check_dimensions(dimensions, 384, None)  # a model without them: only the full size
 
 
-@pytest.mark.parametrize("dimensions", [0, -1, 385, 10_000])
-def test_check_dimensions_rejects(dimensions):
+@pytest.mark.parametrize("dimensions", [0, 1, 100, 385, 10_000])
+def test_check_dimensions_rejects_other_sizes_listing_the_known_ones(dimensions):
     with pytest.raises(InvalidRequestError) as info:
-        check_dimensions(dimensions, 384)
+        check_dimensions(dimensions, 384, (64, 128))
     assert info.value.param == "dimensions"
-    assert "384" in info.value.message
+    assert "64, 128, 384" in info.value.message
     assert str(dimensions) in info.value.message
+
+
+def test_check_dimensions_refuses_any_cut_of_a_model_not_trained_for_it():
+    with pytest.raises(InvalidRequestError, match="not trained for shorter embeddings") as info:
+        check_dimensions(128, 384, None, "output_dimension")
+    assert info.value.param == "output_dimension"
+
+
+def test_check_embedding_types_needs_calibration_for_int8_only():
+    check_embedding_types(("float", "binary", "ubinary"), calibrated=False)
+    check_embedding_types(("int8", "uint8"), calibrated=True)
+    with pytest.raises(InvalidRequestError, match="calibrated ranges") as info:
+        check_embedding_types(("float", "uint8"), calibrated=False)
+    assert info.value.param == "embedding_types"
 
 
 @pytest.mark.parametrize(("header", "expected"), [(None, 30.0), ("5", 5.0), ("0.25", 0.25), ("99", 30.0)])
