@@ -41,5 +41,5 @@ def build_model(args: dict[str, Any]) -> Application:
             model, model_config.device, config.runtime, obs
         )
         versions.append(ServedVersion(model=model, tokenizer=tokenizer, inference=inference))
-    serializer = SerializerDeployment.bind(obs)
+    serializer = SerializerDeployment.bind(obs, [v.model for v in versions])
     return ModelDeployment.bind(versions, serializer, obs, config.runtime)

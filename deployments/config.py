@@ -35,7 +35,10 @@ class ModelConfig(_Frozen):
     )
     name: str = "all-MiniLM-L6-v2"
     version: str = "1"
-    task: Literal["embed", "classify"] = "embed"
+    task: Literal["embed", "classify", "rerank", "sparse_embed"] = Field(
+        default="embed",
+        description="embed, classify, rerank (cross-encoder) or sparse_embed (SPLADE), as in the manifest.",
+    )
     backend: Literal["torch", "onnx"] = Field(
         default="torch",
         description="torch: <name>/<version>/manifest.json (Hugging Face weights); onnx: the export in "
@@ -56,6 +59,10 @@ class ModelConfig(_Frozen):
     def _onnx_precisions(self) -> ModelConfig:
         if self.backend == "onnx" and self.precision == "bf16":
             raise ValueError("precision bf16 needs backend torch (ONNX exports are fp32 or fp16)")
+        if self.backend == "onnx" and self.task not in ("embed", "classify"):
+            raise ValueError(
+                f"task {self.task} is served by backend torch (the ONNX export covers embed, classify)"
+            )
         return self
 
     def manifest_path(self) -> Path:

@@ -36,12 +36,14 @@ class OutputMaker:
     identity: ModelIdentity
     task: str
     labels: tuple[str, ...]
+    activation: str = ""
 
     @classmethod
     def of(cls, model: ResolvedModel) -> OutputMaker:
         manifest = model.manifest
         identity = ModelIdentity(name=manifest.name, version=manifest.version)
-        return cls(identity, manifest.task, tuple(manifest.output.labels or ()))
+        labels = tuple(manifest.output.labels or ())
+        return cls(identity, manifest.task, labels, manifest.activation or "")
 
     def __call__(self, encoded: EncodedTexts, values: np.ndarray) -> ModelOutput:
         return ModelOutput(
@@ -52,6 +54,7 @@ class OutputMaker:
             labels=self.labels,
             truncated=encoded.truncated,
             trace=encoded.trace,
+            activation=self.activation,
         )
 
 

@@ -25,8 +25,9 @@ from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
 from postprocess.contracts import ModelIdentity, SerializedResponse
-from preprocess.contracts import EncodedTexts
+from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
+from preprocess.tokenize import TokenDetails
 
 READY_TIMEOUT_S = 5.0
 # Groups in flight at once, so the stages overlap (one group infers while the next tokenizes). Measured on
@@ -79,7 +80,7 @@ class ModelDeployment:
         self._serializer = serializer
         tracing = setup_replica(observability)
         self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
-        self._serialize = SerializeWork(tracing)
+        self._serialize = SerializeWork(tracing, [v.model for v in versions])
         self._local = LocalModels(
             {v.version: v.model for v in versions}, {v.version: v.inference for v in versions}, runtime
         )
@@ -126,6 +127,14 @@ class ModelDeployment:
         except asyncio.CancelledError:  # the router's call was cancelled: its client left or timed out
             job.abandon()
             raise
+
+    def tokenize(self, job: TokenizeJob, version: str) -> list[TokenDetails] | ServiceError:
+        """``/tokenize``: the version's tokenizer on the request's texts, here (no other stage is needed)."""
+        work = self._tokenize.get(version) or self._tokenize[self._order[0]]
+        try:
+            return work.details(job)
+        except ServiceError as exc:
+            return exc
 
     def _version_for(self, request: ModelRequest) -> str:
         """The router's card can lag a rollout by its refresh period: a request that did not pin its

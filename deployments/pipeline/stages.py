@@ -59,8 +59,9 @@ class TokenizerDeployment:
     max_surge_percent=100,
 )
 class SerializerDeployment:
-    def __init__(self, observability: ObservabilityConfig) -> None:
-        self._work = SerializeWork(setup_replica(observability))
+    def __init__(self, observability: ObservabilityConfig, models: list[ResolvedModel]) -> None:
+        """``models``: the served versions, whose manifests hold their int8 ranges."""
+        self._work = SerializeWork(setup_replica(observability), models)
         self._threads = _stage_threads("serialize")
 
     async def serialize(

@@ -46,15 +46,30 @@ def calibrate(model_dir: Path, count: int = DEFAULT_TEXTS) -> np.ndarray:
         raise SystemExit(f"{path}: task {manifest.task!r}; only embedding models have int8 ranges")
     model = ResolvedModel(manifest, path, weights_dir_of(manifest, path))
     corpus = build_corpus(seed=0, limit=count)
-    ranges = np.round(calibration_ranges(embed_corpus(model, list(corpus.texts))), DECIMALS)
+    ranges = np.round(
+        calibration_ranges(embed_corpus(model, list(corpus.texts))).astype(np.float64), DECIMALS
+    )
     data = json.loads(path.read_text(encoding="utf-8"))
     data["quantization"] = {
         "ranges": ranges.tolist(),
         "corpus": f"{len(corpus)} texts of bench/corpus.py (seed 0), fp32",
     }
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    path.write_text(dumps_manifest(data), encoding="utf-8")
     load_manifest(path)  # what was written must load
     return ranges
+
+
+def dumps_manifest(data: dict[str, object]) -> str:
+    """Indented JSON with each row of ranges on one line (hundreds of numbers, not hundreds of lines)."""
+    quantization = data.get("quantization")
+    if not isinstance(quantization, dict):
+        return json.dumps(data, indent=2) + "\n"
+    rows = quantization["ranges"]
+    marked = {**data, "quantization": {**quantization, "ranges": ["@ROW0@", "@ROW1@"]}}
+    text = json.dumps(marked, indent=2) + "\n"
+    for i, row in enumerate(rows):
+        text = text.replace(f'"@ROW{i}@"', json.dumps(row))
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,6 +56,7 @@ class DemoSpec:
     matryoshka: tuple[int, ...] | None = None  # embed: declared (a demo was not trained for them)
     calibrate: bool = False  # embed: int8 ranges in the manifest
     onnx: bool = True  # the ONNX export covers embed and classify
+    init_range: float = 0.02  # BERT's default; wider makes random outputs differ enough to compare scores
 
     @property
     def output(self) -> dict[str, object]:
@@ -82,7 +83,7 @@ DEMOS = (
         matryoshka=(64, 128),
         calibrate=True,
     ),
-    DemoSpec("demo-cross-encoder", "rerank", 128, 2, 256, 3, onnx=False),
+    DemoSpec("demo-cross-encoder", "rerank", 128, 2, 256, 3, onnx=False, init_range=0.2),
     DemoSpec("demo-splade", "sparse_embed", 128, 2, 128, 4, onnx=False),
 )
 
@@ -182,6 +183,7 @@ def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
         num_attention_heads=spec.heads,
         intermediate_size=4 * spec.hidden,
         max_position_embeddings=512,
+        initializer_range=spec.init_range,
         **(labels if spec.task in ("classify", "rerank") else {}),
     )
     torch.manual_seed(spec.seed)

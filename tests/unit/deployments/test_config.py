@@ -301,7 +301,8 @@ def test_pipeline_decimals_bounds(value, ok):
 @pytest.mark.parametrize(
     "data",
     [
-        {"model": {"task": "rerank"}},
+        {"model": {"task": "generate"}},
+        {"model": {"task": "rerank", "backend": "onnx"}},
         {"model": {"device": "tpu"}},
         {"model": {"version": 1}},  # an unquoted YAML version is an int, not a str
         {"runtime": {"intra_op_threads": 0}},

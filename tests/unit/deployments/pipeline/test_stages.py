@@ -45,7 +45,7 @@ def tokenizer(default_model: ResolvedModel) -> Any:
 
 @pytest.fixture(scope="module")
 def serializer() -> Any:
-    return stages.SerializerDeployment.func_or_class(ObservabilityConfig())
+    return stages.SerializerDeployment.func_or_class(ObservabilityConfig(), [])
 
 
 def test_a_small_group_is_tokenized_on_the_event_loop(tokenizer: Any) -> None:

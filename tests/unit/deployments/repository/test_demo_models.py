@@ -56,10 +56,30 @@ def _refused(config: ModelConfig, field: str) -> None:
 
 
 def test_the_demos_are_marked_and_differ_from_the_default_model():
-    assert [s.name for s in DEMOS] == ["demo-sentiment-classifier", "demo-mini-embedder"]
+    names = ["demo-sentiment-classifier", "demo-mini-embedder", "demo-cross-encoder", "demo-splade"]
+    assert [s.name for s in DEMOS] == names
     assert SPECS["classify"].labels == ("negative", "neutral", "positive")
     assert SPECS["embed"].hidden == 256 != 384  # MiniLM's dimension
     assert all(s.layers == 2 for s in DEMOS)
+
+
+def test_retrieval_demos_run_on_torch_and_refuse_onnx(repository: Path):
+    cross = resolve_model(_config(repository, SPECS["rerank"]), hash_files=True)
+    assert cross.manifest.activation == "sigmoid" and cross.output_size == 1
+    sparse = resolve_model(_config(repository, SPECS["sparse_embed"]), hash_files=True)
+    assert sparse.output_size == sparse.manifest.output.dimension == 30522
+    tokenizer = TextTokenizer(sparse.tokenizer_file, sparse.manifest.input.max_tokens)
+    weights = create_runner(sparse, device="cpu").run(list(tokenizer.encode(TEXTS).sequences())).values
+    assert weights.shape == (3, 30522) and (weights >= 0).all() and (weights > 0).any()
+    with pytest.raises(ValueError, match="backend torch"):
+        _config(repository, SPECS["rerank"], backend="onnx")
+
+
+def test_the_embedding_demo_declares_prompts_matryoshka_and_int8_ranges(repository: Path):
+    model = resolve_model(_config(repository, SPECS["embed"]), hash_files=True).manifest
+    assert model.prompts == {"query": "query: ", "document": "passage: "}
+    assert model.matryoshka_dimensions == (64, 128)
+    assert model.quantization is not None and len(model.quantization.ranges[0]) == 256
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])
@@ -98,13 +118,20 @@ def test_weights_are_deterministic(repository: Path, tmp_path: Path):
 
 def test_wrong_dimension_is_refused(repository: Path, tmp_path: Path):
     spec = SPECS["embed"]
-    _edit_manifest(_copy(repository, spec, tmp_path), output={"dimension": 384})
+    extras = {
+        "quantization": None,
+        "matryoshka_dimensions": None,
+    }  # sized to 256: this test is about the weights
+    _edit_manifest(_copy(repository, spec, tmp_path), output={"dimension": 384}, **extras)
     _refused(_config(tmp_path, spec), "output.dimension")
 
 
 def test_wrong_task_is_refused(repository: Path, tmp_path: Path):
     spec = SPECS["embed"]  # an embedder's manifest claiming to classify: its weights have no head
-    _edit_manifest(_copy(repository, spec, tmp_path), task="classify", output={"labels": ["a", "b"]})
+    extras = {"quantization": None, "matryoshka_dimensions": None}  # an embedding model's own fields
+    _edit_manifest(
+        _copy(repository, spec, tmp_path), task="classify", output={"labels": ["a", "b"]}, **extras
+    )
     _refused(_config(tmp_path, spec, task="classify"), "task")
 
 
