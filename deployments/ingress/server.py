@@ -224,7 +224,8 @@ class Ingress:
         lane = route.lane
         if path not in lane.routes:
             raise UnsupportedTaskError(
-                f"model {route.model!r} is a {lane.task} model: use {' or '.join(lane.routes[:-1])}", "model"
+                f"model {route.model!r} serves task {lane.task!r}, not {path}: use {', '.join(lane.routes)}",
+                "model",
             )
         return route
 

@@ -283,14 +283,14 @@ class CacheOverBudget(AssertionError):
 
 
 def test_fallback_cache_memory_stays_within_its_setting(http, base_url, ingress_config):
-    """Long unique inputs, tiny answers (dimensions=1): the ingress must hold no more than the cache size."""
+    """Long unique inputs, tiny answers (ubinary, 48 bytes): the ingress keeps no more than its cache."""
     ingress_config(fallback_cache_mb=1)  # a new, empty 1 MiB cache
     pid = _ingress_pid()
     proc = psutil.Process(pid)
     filler = "word " * 200_000  # 1 MB of input text, cut to the token limit by truncate
 
     def body(rng: random.Random, w: int, i: int) -> dict[str, Any]:
-        return {"input": f"client {w} request {i} {filler}", "truncate": True, "dimensions": 1}
+        return {"input": f"client {w} request {i} {filler}", "truncate": True, "embedding_types": ["ubinary"]}
 
     # Warm the ingress on the same shape first, so allocator growth from the traffic itself is not counted.
     warm = _run_load(base_url, 2, 60, body, 10)
