@@ -13,29 +13,28 @@ import logging
 import time
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from ray import serve
 from ray.serve.handle import DeploymentHandle
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from deployments.config import IngressConfig, RouterArgs
+from deployments.ingress import retrieval
 from deployments.ingress.accounting import RequestAccounting
+from deployments.ingress.api import api, body_doc
 from deployments.ingress.errors import (
     as_service_error,
     error_response,
-    handle_http_exception,
-    handle_service_error,
     status_of,
 )
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
+from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
-from postprocess.contracts import RerankOptions, ResponseOptions, SerializedResponse
+from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.contracts import Route as RouteName
-from postprocess.payloads import tokenize_payload
 from postprocess.render import negotiate_media_type, render
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import (
@@ -56,7 +55,7 @@ from preprocess.parsing import (
     parse_body,
     request_timeout,
 )
-from preprocess.prompts import rerank_job, resolve_prompt
+from preprocess.prompts import resolve_prompt
 from preprocess.schemas import (
     CohereEmbedRequest,
     EmbeddingsRequest,
@@ -68,30 +67,12 @@ from preprocess.schemas import (
 )
 
 HEALTH_TIMEOUT_S = 5.0
-REQUEST_ID_HEADER = "x-request-id"  # set by Serve's proxy when the client sends none
 # How often each model's card is read again: a rollout or a new candidate share reaches the router
 # within this, with no redeploy of the router.
 CARD_REFRESH_S = 1.0
 CARD_TIMEOUT_S = 2.0
 
 log = logging.getLogger("textserve.ingress")
-
-
-def _body_doc(schema: type) -> dict[str, Any]:
-    # The body is parsed by hand (for size limits and one error format) but documented in OpenAPI.
-    json_schema = schema.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
-
-
-api = FastAPI(
-    title="textserve",
-    version="0.1.0",
-    description="Embeddings (dense, compact, sparse), reranking, text classification and tokenization.",
-)
-api.add_exception_handler(ServiceError, handle_service_error)
-api.add_exception_handler(StarletteHTTPException, handle_http_exception)
-api.add_exception_handler(Exception, handle_service_error)
-api.add_middleware(RequestAccounting)
 
 
 # Above IngressConfig.max_in_flight, so the ingress itself answers 503 + Retry-After in our error format;
@@ -229,12 +210,11 @@ class Ingress:
             )
         return route
 
-    @staticmethod
-    def _options(request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions:
+    def _options(self, request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions:
         media_type = negotiate_media_type(request.headers.get("accept"))
         return ResponseOptions(route=name, media_type=media_type, model_id=route.model, **extra)
 
-    @api.post("/v1/embeddings", openapi_extra=_body_doc(EmbeddingsRequest))
+    @api.post("/v1/embeddings", openapi_extra=body_doc(EmbeddingsRequest))
     async def embeddings(self, request: Request) -> Response:
         """OpenAI-compatible embeddings. ``model``: a served name, or ``name:version`` to pin a version.
         ``input`` may be token ids (without special tokens); extensions: ``embedding_types``, prompts."""
@@ -256,104 +236,40 @@ class Ingress:
         )
         return await self._run(request, route, job, options)
 
-    @api.post("/v2/embed", openapi_extra=_body_doc(CohereEmbedRequest))
+    # The retrieval routes: thin here (Serve maps only this class's own methods), their work in retrieval.py.
+    @api.post("/v2/embed", openapi_extra=body_doc(CohereEmbedRequest))
     async def cohere_embed(self, request: Request) -> Response:
         """Cohere's embed (v2): ``texts``, ``input_type``, ``embedding_types`` (float, int8, uint8, binary,
         ubinary), ``truncate`` (END or NONE), ``max_tokens``, ``output_dimension``."""
-        body = await self._body(request, CohereEmbedRequest)
-        route = self._route(body.model, "/v2/embed")
-        lane = route.lane
-        check_dimensions(
-            body.output_dimension, lane.dimension or 0, lane.matryoshka_dimensions, "output_dimension"
-        )
-        types = tuple(body.embedding_types or ("float",))
-        check_embedding_types(types, lane.quantization)
-        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type)
-        job = TokenizeJob(body.texts, body.truncate == "END", prompt=prompt, max_tokens=body.max_tokens)
-        options = self._options(
-            request, route, "cohere_embed", dimensions=body.output_dimension, embedding_types=types
-        )
-        return await self._run(request, route, job, options)
+        return await retrieval.cohere_embed(self, request)
 
-    @api.post("/v1/rerank", openapi_extra=_body_doc(RerankRequest))
+    @api.post("/v1/rerank", openapi_extra=body_doc(RerankRequest))
     async def rerank(self, request: Request) -> Response:
-        """Cohere v2 / Jina rerank: documents by relevance to the query, best first (also ``/v2/rerank``).
-        A cross-encoder scores (query, document) pairs; an embedding model, their cosine."""
-        return await self._rerank(request, "/v1/rerank")
+        """Cohere v2 / Jina rerank: ``results`` of ``{index, relevance_score, document?}``, best first. A
+        cross-encoder scores (query, document) pairs; an embedding model, their cosine."""
+        return await retrieval.rerank(self, request, "/v1/rerank")
 
-    @api.post("/v2/rerank", openapi_extra=_body_doc(RerankRequest))
+    @api.post("/v2/rerank", openapi_extra=body_doc(RerankRequest))
     async def rerank_v2(self, request: Request) -> Response:
         """Cohere's v2 rerank path: the same as ``/v1/rerank``."""
-        return await self._rerank(request, "/v2/rerank")
+        return await retrieval.rerank(self, request, "/v2/rerank")
 
-    async def _rerank(self, request: Request, path: str) -> Response:
-        body = await self._body(request, RerankRequest)
-        route = self._route(body.model, path)
-        docs = tuple(body.documents) if body.return_documents else None
-        job = rerank_job(
-            route.lane.task,
-            route.lane.prompt_table,
-            body.query,
-            body.documents,
-            True,
-            body.max_tokens_per_doc,
-        )
-        options = self._options(request, route, "rerank", rerank=RerankOptions(body.top_n, docs))
-        return await self._run(request, route, job, options)
-
-    @api.post("/rerank", openapi_extra=_body_doc(TeiRerankRequest))
+    @api.post("/rerank", openapi_extra=body_doc(TeiRerankRequest))
     async def rerank_tei(self, request: Request) -> Response:
-        """TEI's rerank: a list of ``{index, score, text?}``, best first."""
-        body = await self._body(request, TeiRerankRequest)
-        route = self._route(body.model, "/rerank")
-        docs = tuple(body.texts) if body.return_text else None
-        job = rerank_job(
-            route.lane.task, route.lane.prompt_table, body.query, body.texts, body.truncate, None
-        )
-        rerank = RerankOptions(documents=docs, raw_scores=body.raw_scores)
-        return await self._run(
-            request, route, job, self._options(request, route, "rerank_tei", rerank=rerank)
-        )
+        """TEI's rerank: a list of ``{index, score, text?}``, best first (``raw_scores``: no activation)."""
+        return await retrieval.rerank_tei(self, request)
 
-    @api.post("/embed_sparse", openapi_extra=_body_doc(SparseEmbedRequest))
+    @api.post("/embed_sparse", openapi_extra=body_doc(SparseEmbedRequest))
     async def embed_sparse(self, request: Request) -> Response:
         """TEI's sparse embeddings (SPLADE models): per input, ``{index, value}`` of its non-zero weights."""
-        body = await self._body(request, SparseEmbedRequest)
-        route = self._route(body.model, "/embed_sparse")
-        lane = route.lane
-        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, prompt_name=body.prompt_name)
-        job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
-        return await self._run(request, route, job, self._options(request, route, "embed_sparse"))
+        return await retrieval.embed_sparse(self, request)
 
-    @api.post("/tokenize", openapi_extra=_body_doc(TokenizeRequest))
+    @api.post("/tokenize", openapi_extra=body_doc(TokenizeRequest))
     async def tokenize(self, request: Request) -> Response:
-        """The served model's tokenizer (with its prompt): ids, counts and, optionally, character offsets
-        into ``prompt + text`` per input."""
-        body = await self._body(request, TokenizeRequest)
-        route = self._router.route(body.model)
-        lane = route.lane
-        check_input_count(len(body.texts), self._limits.max_inputs_per_request)
-        prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)
-        job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
-        call = self._handle(route.model, MODEL).tokenize.remote(job, lane.version)
-        try:
-            result = await asyncio.wait_for(call, self._config.request_timeout_s)
-        except asyncio.TimeoutError:
-            call.cancel()
-            raise DeadlineExceededError("no answer from the model's tokenizer in time") from None
-        except ServiceError:
-            raise
-        except Exception as exc:
-            raise as_service_error(exc) from None
-        if isinstance(result, ServiceError):
-            raise result
-        payload = tokenize_payload(route.model, lane.version, prompt, result, body.return_offsets)
-        media_type = negotiate_media_type(request.headers.get("accept"))
-        return Response(
-            render(payload, media_type), media_type=media_type, headers={"X-Model-Version": lane.version}
-        )
+        """The served model's tokenizer (with its prompt): ids, counts and, optionally, character offsets."""
+        return await retrieval.tokenize(self, request)
 
-    @api.post("/predict", openapi_extra=_body_doc(PredictRequest))
+    @api.post("/predict", openapi_extra=body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
         """Embeddings or class labels, by the model's task. ``model``: a name, ``name:version`` or none."""
         body = await self._body(request, PredictRequest)
