@@ -46,6 +46,7 @@ class Requests:
     bodies: tuple[bytes, ...]
     counts: tuple[int, ...]
     texts_per_request: int
+    result_key: bytes = EMBEDDING_KEY  # counted in each answer: one per embedding (or rerank result)
 
 
 def encode_requests(target: Target, groups: Sequence[Sequence[str]]) -> Requests:
@@ -99,8 +100,8 @@ async def _closed_loop(
                     body = await resp.read()
                     if resp.status != 200:
                         problem = f"HTTP {resp.status}: {body[:200]!r}"
-                    elif body.count(EMBEDDING_KEY) != requests.counts[i]:
-                        problem = f"expected {requests.counts[i]} embeddings: {body[:200]!r}"
+                    elif body.count(requests.result_key) != requests.counts[i]:
+                        problem = f"expected {requests.counts[i]} results: {body[:200]!r}"
                     else:
                         ok = True
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

@@ -109,8 +109,22 @@ def _rollout(traffic: Traffic, version: str, since: float) -> float:
 # before the old ones drain, and a request the router addressed to the old version by its card (refreshed
 # every second) goes to whichever version holds the stable role now. Without both, a few requests of a
 # thousand hung to the deadline or got a 404 during the roll.
+def test_blue_green_switch_fails_no_request(
+    serve_harness: ServeHarness, model_repo: Path, tmp_path: Path, versions_app: None
+) -> None:
+    _switch_under_traffic(serve_harness, model_repo, tmp_path, ("2",))
+
+
+@pytest.mark.slow
 def test_blue_green_switch_and_back_fails_no_request(
     serve_harness: ServeHarness, model_repo: Path, tmp_path: Path, versions_app: None
+) -> None:
+    """The round trip (v1 -> v2 -> v1): the default suite makes one switch, this the second one too."""
+    _switch_under_traffic(serve_harness, model_repo, tmp_path, ("2", "1"))
+
+
+def _switch_under_traffic(
+    serve_harness: ServeHarness, model_repo: Path, tmp_path: Path, sequence: tuple[str, ...]
 ) -> None:
     _serve_deploy(
         serve_harness, _config(serve_harness, _entry(serve_harness, model_repo, "1", None, 0)), tmp_path
@@ -121,7 +135,7 @@ def test_blue_green_switch_and_back_fails_no_request(
     url = f"{serve_harness.url}{ROUTE}/predict"
     with Traffic(url, {"texts": ["a fine day", "a bad day"]}, workers=4) as traffic:
         assert traffic.wait_for(lambda answers: len(answers) >= 20, 60)
-        for new in ("2", "1"):
+        for new in sequence:
             started = time.monotonic()
             entry = _entry(serve_harness, model_repo, new, None, 0)
             _serve_deploy(serve_harness, _config(serve_harness, entry), tmp_path)
