@@ -18,11 +18,13 @@ from typing import Any
 
 from deployments.config import BatchingConfig, RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
+from deployments.observability.tracing import Tracing
 from deployments.pipeline.batching import BatchLimits
-from deployments.pipeline.group_runner import Answers, Group, OutputMaker, run_groups
+from deployments.pipeline.group_runner import Answers, Group, GroupRun, OutputMaker, run_groups
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import create_runner
+from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
 
@@ -38,7 +40,9 @@ DEVICE_RETRY_S = 2.0
 class LocalModel:
     """One version's model in the pipeline replica, on one thread of its own (the event loop stays free)."""
 
-    def __init__(self, model: ResolvedModel, runtime: RuntimeConfig, metrics: BatchMetrics) -> None:
+    def __init__(
+        self, model: ResolvedModel, runtime: RuntimeConfig, metrics: BatchMetrics, tracing: Tracing
+    ) -> None:
         recheck_on_replica(model, runtime.verify_checksums)
         self._runner = create_runner(
             model,
@@ -51,19 +55,30 @@ class LocalModel:
         self._output = OutputMaker.of(model)
         self._limits = BatchLimits(_MICRO.micro_batch_size, _MICRO.micro_batch_tokens)
         self._metrics = metrics
+        self._tracing = tracing
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-model")
         log.info("small groups run in the pipeline replica: %s on CPU", self._runner.backend)
 
     async def infer(self, group: Group) -> Answers:
         """The group's answers, one per member; members that failed upstream pass through untouched."""
-        start = time.perf_counter()
-        run = await asyncio.get_running_loop().run_in_executor(
-            self._executor, run_groups, self._runner, [group], self._limits, self._output
-        )
-        if run.sequences:
-            elapsed = time.perf_counter() - start
-            self._metrics.record_batch(run.sequences, run.padded_tokens, run.real_tokens, elapsed)
-        return run.answers[0]
+        arrived_ns = time.time_ns()
+        started: list[int] = []
+
+        def run() -> GroupRun:
+            started.append(time.time_ns())  # the wait for this replica's model thread ends here
+            return run_groups(self._runner, [group], self._limits, self._output)
+
+        result = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        end_ns = time.time_ns()
+        if result.sequences:
+            elapsed = (end_ns - started[0]) / 1e9
+            self._metrics.record_batch(result.sequences, result.padded_tokens, result.real_tokens, elapsed)
+        for member in group:  # the same spans as Inference's, so a trace reads alike on either path
+            if isinstance(member, EncodedTexts) and member.trace is not None:
+                self._tracing.record_span(member.trace, "queue_wait", arrived_ns, started[0])
+                attributes = {"batch_sequences": result.sequences, "in_pipeline": True}
+                self._tracing.record_span(member.trace, "inference", started[0], end_ns, attributes)
+        return result.answers[0]
 
 
 class LocalModels:
@@ -71,9 +86,14 @@ class LocalModels:
     Inference replica answers that it runs on a CPU. ``inference``: each version's Inference handle."""
 
     def __init__(
-        self, models: dict[str, ResolvedModel], inference: dict[str, Any], runtime: RuntimeConfig
+        self,
+        models: dict[str, ResolvedModel],
+        inference: dict[str, Any],
+        runtime: RuntimeConfig,
+        tracing: Tracing,
     ) -> None:
         self._models = models
+        self._tracing = tracing
         self._inference = inference
         self._runtime = runtime
         self._loaded: dict[str, LocalModel] = {}
@@ -96,7 +116,9 @@ class LocalModels:
                 continue
             loop = asyncio.get_running_loop()
             try:
-                local = await loop.run_in_executor(None, LocalModel, model, self._runtime, metrics)
+                local = await loop.run_in_executor(
+                    None, LocalModel, model, self._runtime, metrics, self._tracing
+                )
             except Exception:  # small groups keep going to Inference; the service is no worse off
                 log.exception("could not load version %s in the pipeline replica", version)
                 continue

@@ -82,7 +82,10 @@ class ModelDeployment:
         self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
         self._serialize = SerializeWork(tracing, [v.model for v in versions])
         self._local = LocalModels(
-            {v.version: v.model for v in versions}, {v.version: v.inference for v in versions}, runtime
+            {v.version: v.model for v in versions},
+            {v.version: v.inference for v in versions},
+            runtime,
+            tracing,
         )
         self._config = _DEFAULTS
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group

@@ -26,7 +26,8 @@ from tests.integration.conftest import (
 from tests.integration.texts import near_limit
 from tests.integration.traffic import Traffic, failures
 
-pytestmark = pytest.mark.integration
+# Slow (about 2-3 minutes with its set-up and teardown): in `bash .ci/run -m slow`, not the default suite.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "autoscale"
 ROUTE = "/autoscale"

@@ -24,7 +24,8 @@ from ray._common.utils import get_ray_address_file
 
 from tests.integration.conftest import ServeHarness, deployment_named, routed_model
 
-pytestmark = pytest.mark.integration
+# Slow (about 2-3 minutes with its set-up and teardown): in `bash .ci/run -m slow`, not the default suite.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "multinode"
 ROUTE = "/multinode"

@@ -51,6 +51,7 @@ def test_classify_models_listing(http):
         "role": "stable",
         "traffic_share": 1.0,
         "task": "classify",
+        "routes": ["/predict", "/tokenize"],
         "max_tokens": 128,
         "labels": list(LABELS),
         "default": False,
