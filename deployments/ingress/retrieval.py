@@ -25,7 +25,14 @@ from postprocess.payloads import tokenize_payload
 from postprocess.render import negotiate_media_type, render
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import DeadlineExceededError, ServiceError
-from preprocess.parsing import RequestT, check_dimensions, check_embedding_types, check_input_count
+from preprocess.parsing import (
+    TIMEOUT_HEADER,
+    RequestT,
+    check_dimensions,
+    check_embedding_types,
+    check_input_count,
+    request_timeout,
+)
 from preprocess.prompts import rerank_job, resolve_prompt
 from preprocess.schemas import (
     CohereEmbedRequest,
@@ -130,9 +137,10 @@ async def tokenize(ingress: IngressPath, request: Request) -> Response:
     job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
     trace = ingress._tracing.start_request(request.headers.get(REQUEST_ID_HEADER, ""))
     start_ns = time.time_ns()
+    timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress._config.request_timeout_s)
     call = ingress._handle(route.model, MODEL).tokenize.remote(job, lane.version)
     try:
-        result = await asyncio.wait_for(call, ingress._config.request_timeout_s)
+        result = await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
         call.cancel()
         raise DeadlineExceededError("no answer from the model's tokenizer in time") from None
