@@ -3,7 +3,8 @@
 ``build_router`` is the HTTP application: one ingress that routes by the request's ``model``.
 ``build_model`` is one model's application: its pipeline (``Model``: groups concurrent requests, drives
 the stages, holds the card), its tokenizer and batched inference deployments (one pair per served
-version) and its serializer. Each model is its own application, so a
+version) and its serializer; for a ``generate`` model, its generator (prompt → continuous batching →
+streamed text). Each model is its own application, so a
 new version of one model rolls that model's replicas only.
 """
 
@@ -16,6 +17,7 @@ from ray.serve import Application
 from deployments.config import ModelAppArgs, RouterArgs
 from deployments.ingress.server import Ingress
 from deployments.pipeline.card import INFERENCE, ROLE_PREFIX, TOKENIZER, Role
+from deployments.pipeline.generator import GeneratorDeployment
 from deployments.pipeline.inference import InferenceDeployment
 from deployments.pipeline.model import ModelDeployment, ServedVersion
 from deployments.pipeline.stages import SerializerDeployment, TokenizerDeployment
@@ -32,6 +34,11 @@ def build_model(args: dict[str, Any]) -> Application:
     """Refuses (raises ManifestError naming the model and the field) when a version does not check out."""
     config = ModelAppArgs.model_validate(args or {})
     obs = config.observability
+    if (
+        config.model.task == "generate"
+    ):  # one deployment: prompt, engine and detokenizer (pipeline/generator.py)
+        model = resolve_model(config.model, hash_files=config.runtime.verify_checksums)
+        return GeneratorDeployment.bind(model, config.model.device, config.generation, obs)
     versions = []
     for role, model_config in zip(ROLES, config.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)

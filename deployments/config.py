@@ -35,9 +35,10 @@ class ModelConfig(_Frozen):
     )
     name: str = "all-MiniLM-L6-v2"
     version: str = "1"
-    task: Literal["embed", "classify", "rerank", "sparse_embed"] = Field(
+    task: Literal["embed", "classify", "rerank", "sparse_embed", "generate"] = Field(
         default="embed",
-        description="embed, classify, rerank (cross-encoder) or sparse_embed (SPLADE), as in the manifest.",
+        description="embed, classify, rerank (cross-encoder), sparse_embed (SPLADE) or generate (a causal "
+        "LM: /v1/completions, /v1/chat/completions), as in the manifest.",
     )
     backend: Literal["torch", "onnx"] = Field(
         default="torch",
@@ -59,6 +60,8 @@ class ModelConfig(_Frozen):
     def _onnx_precisions(self) -> ModelConfig:
         if self.backend == "onnx" and self.precision == "bf16":
             raise ValueError("precision bf16 needs backend torch (ONNX exports are fp32 or fp16)")
+        if self.task == "generate" and self.precision == "fp16" and self.device == "cpu":
+            raise ValueError("task generate on a CPU runs fp32 or bf16")
         if self.backend == "onnx" and self.task not in ("embed", "classify"):
             raise ValueError(
                 f"task {self.task} is served by backend torch (the ONNX export covers embed, classify)"
@@ -124,6 +127,32 @@ class RuntimeConfig(_Frozen):
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 
+class GenerationConfig(_Frozen):
+    """Task generate: the continuous-batching engine's bounds (deployments/runtime/generate/engine.py)."""
+
+    max_running: int = Field(default=32, ge=1, description="Requests decoded together (rows of a step).")
+    kv_cache_tokens: int = Field(
+        default=32768,
+        ge=16,
+        description="KV cache bound in token slots per layer, padding included. A request is admitted only "
+        "when the batch can hold its whole generation (prompt + max_tokens); until then it waits.",
+    )
+    prefill_chunk_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Prompt tokens prefilled per engine iteration (between two decode steps): a long "
+        "prompt is prefilled in chunks, so running streams keep their pace.",
+    )
+    max_waiting: int = Field(
+        default=128, ge=1, description="Requests waiting for admission; past it: 503 with Retry-After."
+    )
+    default_max_tokens: int = Field(default=256, ge=1, description="max_tokens when a request gives none.")
+    max_tokens_cap: int = Field(default=2048, ge=1, description="The largest max_tokens a request may ask.")
+    intra_op_threads: int | None = Field(
+        default=None, ge=1, description="torch threads of the engine's forward passes; null: torch's default."
+    )
+
+
 class CandidateConfig(_Frozen):
     """A second version of the same model served beside the stable one (canary, or pinned per request).
     Its share of unpinned traffic is the Model deployment's ``user_config.candidate_share`` (changed
@@ -154,12 +183,15 @@ class ModelAppArgs(_Frozen):
     model: ModelConfig = ModelConfig()
     candidate: CandidateConfig | None = None
     runtime: RuntimeConfig = RuntimeConfig()
+    generation: GenerationConfig = GenerationConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
     def _candidate_differs(self) -> ModelAppArgs:
         if self.candidate is not None and self.candidate.version == self.model.version:
             raise ValueError(f"candidate version {self.candidate.version!r} is the stable version")
+        if self.model.task == "generate" and self.candidate is not None:
+            raise ValueError("task generate serves one version at a time: roll it by changing model.version")
         return self
 
     def served_models(self) -> list[ModelConfig]:

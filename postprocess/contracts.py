@@ -7,7 +7,9 @@ from typing import Literal
 
 import numpy as np
 
+from postprocess.completions import FinishReason, Usage
 from preprocess.contracts import TraceContext
+from preprocess.errors import ServiceError
 
 Task = Literal["embed", "classify", "rerank", "sparse_embed"]
 Route = Literal["embeddings", "predict", "rerank", "rerank_tei", "cohere_embed", "embed_sparse"]
@@ -73,3 +75,14 @@ class SerializedResponse:
     body: bytes
     media_type: MediaType
     model_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    """A piece of one generation's stream, model → ingress: new text, and on the last piece the finish
+    reason and usage; or an error (before the first piece: an HTTP error; after: an error event)."""
+
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: ServiceError | None = None

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from preprocess.generation import GenerationRequest
+
 
 @dataclass(frozen=True, slots=True)
 class TraceContext:
@@ -76,3 +78,13 @@ class EncodedTexts:
     def sequences(self) -> Iterator[np.ndarray]:
         for start, end in zip(self.offsets[:-1], self.offsets[1:], strict=True):
             yield self.ids[start:end]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    """One completion request for a ``generate`` model: the parsed body (its prompt or chat messages and
+    sampling parameters), and what the ingress adds."""
+
+    request: GenerationRequest
+    deadline: float  # epoch seconds; the whole generation must end by then (X-Request-Timeout)
+    request_id: str = ""

@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
 from deployments.config import IngressConfig, RouterArgs
-from deployments.ingress import retrieval
+from deployments.ingress import generation, retrieval
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.api import api, body_doc
 from deployments.ingress.errors import (
@@ -46,6 +46,7 @@ from preprocess.errors import (
     ServiceError,
     UnsupportedTaskError,
 )
+from preprocess.generation import ChatCompletionRequest, CompletionRequest
 from preprocess.parsing import (
     TIMEOUT_HEADER,
     RequestT,
@@ -268,6 +269,19 @@ class Ingress:
     async def tokenize(self, request: Request) -> Response:
         """The served model's tokenizer (with its prompt): ids, counts and, optionally, character offsets."""
         return await retrieval.tokenize(self, request)
+
+    # Generation (task generate): thin here, their work in generation.py.
+    @api.post("/v1/completions", openapi_extra=body_doc(CompletionRequest))
+    async def completions(self, request: Request) -> Response:
+        """OpenAI completions: ``prompt`` (text or token ids), ``max_tokens``, ``temperature``, ``top_p``,
+        ``seed``, ``stop``; ``stream: true`` answers as server-sent events ending in ``data: [DONE]``."""
+        return await generation.completions(self, request, chat=False)
+
+    @api.post("/v1/chat/completions", openapi_extra=body_doc(ChatCompletionRequest))
+    async def chat_completions(self, request: Request) -> Response:
+        """OpenAI chat completions: ``messages`` through the model's chat template; otherwise as
+        ``/v1/completions`` (``stream_options.include_usage`` adds a last chunk with ``usage``)."""
+        return await generation.completions(self, request, chat=True)
 
     @api.post("/predict", openapi_extra=body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:

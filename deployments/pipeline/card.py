@@ -26,6 +26,7 @@ ROUTES: dict[str, tuple[str, ...]] = {
     "classify": ("/predict",),
     "rerank": RERANK_ROUTES,
     "sparse_embed": ("/embed_sparse",),
+    "generate": ("/v1/completions", "/v1/chat/completions"),
 }
 
 
@@ -51,8 +52,8 @@ class LaneCard:
 
     @property
     def routes(self) -> tuple[str, ...]:
-        """The HTTP routes this version answers (``/tokenize`` takes every model)."""
-        return ROUTES[self.task] + ("/tokenize",)
+        """The HTTP routes this version answers (``/tokenize`` takes every encoder)."""
+        return ROUTES[self.task] + (() if self.task == "generate" else ("/tokenize",))
 
     @property
     def tokenizer(self) -> str:
@@ -118,7 +119,7 @@ def lane_entry(model_id: str, lane: LaneCard, share: float, default: bool) -> di
     }
     if lane.task == "classify":
         entry["labels"] = list(lane.labels)
-    elif lane.task != "rerank":
+    elif lane.task not in ("rerank", "generate"):
         entry["dimension"] = lane.dimension
     if lane.prompts:
         entry["prompts"] = lane.prompt_table

@@ -59,7 +59,7 @@ class Quantization(_Strict):
     corpus: str = Field(default="", description="What the ranges were calibrated on, and how many texts.")
 
 
-Task = Literal["embed", "classify", "rerank", "sparse_embed"]
+Task = Literal["embed", "classify", "rerank", "sparse_embed", "generate"]
 
 
 class Manifest(_Strict):
@@ -99,6 +99,11 @@ class Manifest(_Strict):
         "`dimensions` must be one of them (a model without them refuses `dimensions`).",
     )
     quantization: Quantization | None = None
+    chat_template: bool = Field(
+        default=False,
+        description="Task generate: the tokenizer (tokenizer_config.json) has a chat template, so the model "
+        "serves /v1/chat/completions; without one it serves /v1/completions only.",
+    )
     files: dict[str, str] = Field(default_factory=dict, description="sha256 of weight files.")
 
     @model_validator(mode="after")
@@ -113,6 +118,10 @@ class Manifest(_Strict):
                 raise ValueError("output.labels must list at least two distinct labels for 'classify'")
         if self.task == "rerank" and self.activation is None:
             raise ValueError("activation is required for task 'rerank' (sigmoid or identity)")
+        if self.task == "generate" and (self.pooling or self.output.dimension or self.output.labels):
+            raise ValueError("task 'generate' takes no pooling, output.dimension or output.labels")
+        if self.chat_template and self.task != "generate":
+            raise ValueError("chat_template is for task 'generate' only")
         if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
             raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of prompts")
         self._check_embedding_extras()

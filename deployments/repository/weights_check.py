@@ -25,6 +25,8 @@ def check_weights(manifest: Manifest, weights: Path, path: Path, hash_files: boo
         _check_labels(manifest, config, path)
     elif manifest.task == "rerank":
         _check_cross_encoder(config, path)
+    elif manifest.task == "generate":
+        _check_causal_lm(manifest, weights, config, path)
     else:
         _check_masked_lm(manifest, config, path)
     _check_prompts(manifest, weights, path)
@@ -136,6 +138,30 @@ def _check_masked_lm(manifest: Manifest, config: dict, path: Path) -> None:
         raise ManifestError(
             "output.dimension",
             f"manifest says {manifest.output.dimension} but the weights' vocabulary is {vocab}",
+            path,
+        )
+
+
+def _check_causal_lm(manifest: Manifest, weights: Path, config: dict, path: Path) -> None:
+    archs = _architectures(config)
+    if not any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
+        raise ManifestError("task", f"'generate' needs a causal LM (…ForCausalLM), got {archs}", path)
+    positions = config.get("n_positions")  # GPT-2's name for max_position_embeddings
+    if isinstance(positions, int) and manifest.input.max_tokens > positions:
+        raise ManifestError(
+            "input.max_tokens",
+            f"{manifest.input.max_tokens} exceeds the model's n_positions {positions}",
+            path,
+        )
+    tok_config = weights / "tokenizer_config.json"
+    template = read_json(tok_config).get("chat_template") if tok_config.is_file() else None
+    if not template and (weights / "chat_template.jinja").is_file():
+        template = "file"
+    if manifest.chat_template != bool(template):
+        has = "has" if template else "has no"
+        raise ManifestError(
+            "chat_template",
+            f"manifest says {manifest.chat_template} but the tokenizer {has} chat template",
             path,
         )
 

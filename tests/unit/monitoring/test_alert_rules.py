@@ -12,10 +12,7 @@ import yaml
 from tests.support.monitoring import (
     ALERTS_TEST_YML,
     ALERTS_YML,
-    KNOWN_SERIES,
-    MODEL_SERIES,
     RAY_SERVE_HTTP_SERIES,
-    REQUIRED_ALERTS,
     ROOT,
     ROUTER_APPLICATION,
     ROUTER_SERIES,
@@ -24,6 +21,12 @@ from tests.support.monitoring import (
     assert_ok,
     metric_names,
     promtool,
+)
+from tests.unit.monitoring.generation_reference import (
+    ALL_KNOWN_SERIES,
+    ALL_MODEL_SERIES,
+    ALL_REQUIRED_ALERTS,
+    GENERATION_SERIES,
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -69,6 +72,24 @@ RULE_MUTATIONS = [
     # not failed requests.
     ("TextServeLatencyP99OverSLO", '{route!~"/-/.*|.*healthz"}', ""),
     ("TextServeHighErrorRatio", 'route=~"embeddings|predict",status_code', "status_code"),
+    # Task generate. The KV cache: the fraction used of used + free, at the fullest replica (one replica's
+    # full cache stalls its admissions, whatever the model's other replicas hold).
+    ("GenerationKVCacheExhausted", "> 0.95", "> 0.99"),
+    ("GenerationKVCacheExhausted", "> 0.95", "> 0.5"),
+    ("GenerationKVCacheExhausted", "max by (application, model)", "avg by (application, model)"),
+    (
+        "GenerationKVCacheExhausted",
+        "(ray_generate_kv_cache_blocks_used + ray_generate_kv_cache_blocks_free)",
+        "ray_generate_kv_cache_blocks_free",
+    ),
+    # The queue: one replica's, over 16.
+    ("GenerationQueueBacklog", "> 16", "> 32"),
+    ("GenerationQueueBacklog", "> 16", "> 5"),
+    (
+        "GenerationQueueBacklog",
+        "max by (application, model, deployment, replica)",
+        "sum by (application, model)",
+    ),
 ]
 
 
@@ -87,7 +108,7 @@ def test_alert_unit_tests_catch_a_broken_rule(tmp_path: Path, alert: str, old: s
 
 def test_required_alerts_have_severity_and_annotations() -> None:
     rules = {rule["alert"]: rule for rule in alert_rules() if "alert" in rule}
-    assert set(rules) >= REQUIRED_ALERTS, f"missing alerts: {REQUIRED_ALERTS - set(rules)}"
+    assert set(rules) >= ALL_REQUIRED_ALERTS, f"missing alerts: {ALL_REQUIRED_ALERTS - set(rules)}"
     for name, rule in rules.items():
         assert rule.get("labels", {}).get("severity") in SEVERITIES, f"{name}: severity label"
         annotations = rule.get("annotations", {})
@@ -109,7 +130,7 @@ def test_alerts_use_only_exported_metrics() -> None:
     for rule in alert_rules():
         names = metric_names(rule["expr"])
         assert names, f"{rule.get('alert')}: no metric in {rule['expr']!r}"
-        unknown = names - KNOWN_SERIES
+        unknown = names - ALL_KNOWN_SERIES
         assert not unknown, f"{rule.get('alert')}: unknown metrics {unknown}"
 
 
@@ -127,9 +148,9 @@ def test_no_alert_mixes_router_and_model_series() -> None:
     router = ROUTER_SERIES | RAY_SERVE_HTTP_SERIES
     for rule in alert_rules():
         names = metric_names(rule["expr"])
-        assert not (names & router and names & MODEL_SERIES), (
+        assert not (names & router and names & ALL_MODEL_SERIES), (
             f"{rule.get('alert')}: {sorted(names & router)} (router application) with "
-            f"{sorted(names & MODEL_SERIES)} (model applications): never the same application"
+            f"{sorted(names & ALL_MODEL_SERIES)} (model applications): never the same application"
         )
 
 
@@ -138,6 +159,7 @@ def test_alert_unit_tests_use_the_applications_that_report_each_metric() -> None
     assert models and ROUTER_APPLICATION not in models
     router = ROUTER_SERIES | RAY_SERVE_HTTP_SERIES
     seen: set[str] = set()
+    generation: set[str] = set()
     for test in yaml.safe_load(ALERTS_TEST_YML.read_text())["tests"]:
         for item in test["input_series"]:
             series = item["series"]
@@ -147,7 +169,15 @@ def test_alert_unit_tests_use_the_applications_that_report_each_metric() -> None
             app = match.group(1)
             if name in router:
                 assert app == ROUTER_APPLICATION, f"{test['name']}: {name} is the router's, not {app!r}"
-            elif name in MODEL_SERIES:
+            elif name in GENERATION_SERIES:
+                # A generation model's application (examples/multi-model.yaml serves none): named after
+                # the model it tags its series with, as every model application is.
+                model = re.search(r'\bmodel="([^"]*)"', series)
+                assert model, f"{test['name']}: no model label in {series}"
+                assert app == model.group(1) != ROUTER_APPLICATION, f"{test['name']}: {series}"
+                generation.add(app)
+            elif name in ALL_MODEL_SERIES:
                 assert app in models, f"{test['name']}: {name} is a model application's, not {app!r}"
             seen.add(app)
     assert ROUTER_APPLICATION in seen and len(seen & models) >= 2, sorted(seen)
+    assert len(generation) >= 2, sorted(generation)

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from tests.support.monitoring import (
+    ALERTS_YML,
     COUNTER,
     GAUGE,
     GPU_METRICS,
     HISTOGRAM,
-    KNOWN_SERIES,
     MODEL_SERIES,
     PANEL_TYPES,
     RAY_SERVE_HTTP_SERIES,
@@ -20,7 +22,6 @@ from tests.support.monitoring import (
     ROOT,
     ROUTER_APPLICATION,
     ROUTER_SERIES,
-    SERVICE_METRICS,
     all_panels,
     assert_ok,
     dashboard_exprs,
@@ -31,6 +32,13 @@ from tests.support.monitoring import (
     metric_names,
     promtool,
     variable_queries,
+)
+from tests.unit.monitoring.generation_reference import (
+    ALL_KNOWN_SERIES,
+    ALL_MODEL_SERIES,
+    ALL_SERVICE_METRICS,
+    GENERATION_METRICS,
+    GENERATION_SERIES,
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -86,10 +94,11 @@ def test_dashboard_panels_are_well_formed_and_grouped_in_rows() -> None:
 def test_dashboard_plots_every_service_metric() -> None:
     exprs = dashboard_exprs()
     plotted = set().union(*(metric_names(e) for e in exprs))
-    for name, kind in SERVICE_METRICS.items():
+    for name, kind in ALL_SERVICE_METRICS.items():
         assert plotted & exported_series(name, kind), f"{name} is not plotted"
         if kind == COUNTER:
-            assert any(re.search(rf"\b(?:rate|increase)\(\s*{name}\b", e) for e in exprs), (
+            (total,) = exported_series(name, kind)  # name + _total, as Prometheus sees a counter
+            assert any(re.search(rf"\b(?:rate|increase)\(\s*{total}\b", e) for e in exprs), (
                 f"{name}: not as rate"
             )
         if kind == HISTOGRAM:
@@ -112,7 +121,7 @@ def test_dashboard_plots_ray_serves_own_metrics() -> None:
 
 def test_dashboard_uses_only_exported_metrics() -> None:
     for expr in [*dashboard_exprs(), *variable_queries()]:
-        unknown = metric_names(expr) - KNOWN_SERIES
+        unknown = metric_names(expr) - ALL_KNOWN_SERIES
         assert not unknown, f"unknown metrics {unknown} in {expr!r}"
 
 
@@ -131,7 +140,7 @@ def _selectors(expr: str, name: str) -> list[str]:
 def _wanted_filter(name: str) -> str | None:
     if name in ROUTER_SERIES or name in RAY_SERVE_HTTP_SERIES:
         return ROUTER_FILTER
-    if name in MODEL_SERIES:
+    if name in ALL_MODEL_SERIES:
         return MODEL_FILTER
     return None
 
@@ -176,7 +185,7 @@ def test_dashboard_filters_each_metric_by_the_application_that_reports_it() -> N
 
 def test_model_panels_show_each_model_application_apart() -> None:
     # $model is multi-valued and All by default: a time series of several models must not add them up.
-    model_series = MODEL_SERIES - {s for name in GPU_METRICS for s in exported_series(name, GAUGE)}
+    model_series = ALL_MODEL_SERIES - {s for name in GPU_METRICS for s in exported_series(name, GAUGE)}
     for panel, target in dashboard_targets():
         expr = target["expr"]
         if panel["type"] != "timeseries" or not metric_names(expr) & model_series:
@@ -191,10 +200,14 @@ def test_model_panels_show_each_model_application_apart() -> None:
 # Series as the multi-application service exports them (serve_config.yaml, examples/multi-model.yaml):
 # each metric only on the application that reports it, with Ray's application/deployment/replica tags.
 MODEL_APPLICATIONS = ("all-MiniLM-L6-v2", "demo-mini-embedder")
+# A generation model's application (task generate), named after its model like the others. Its Generator
+# replicas report the generate_* series and, like an Inference replica, ray_model_info, which the $model
+# variable lists the model applications by.
+GENERATION_APPLICATIONS = ("demo-gpt2-lm",)
 # Grafana's interpolation for Prometheus: a multi-value (or All) variable is (v1|v2), one value is itself.
 VARIABLE_VALUES = {
     "application": ROUTER_APPLICATION,
-    "model": "(" + "|".join(MODEL_APPLICATIONS) + ")",
+    "model": "(" + "|".join(MODEL_APPLICATIONS + GENERATION_APPLICATIONS) + ")",
     "deployment": ".*",  # its allValue
 }
 SERVE_PER_DEPLOYMENT = {
@@ -243,6 +256,17 @@ def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
         out.append(("ray_gpu_memory_used_bytes", {**inference, "device": str(i)}, GAUGE))
         out.append(("ray_tokenize_ms", tags["Tokenizer"], HISTOGRAM))
         out.append(("ray_serialize_ms", tags["Serializer"], HISTOGRAM))
+    for i, app in enumerate(GENERATION_APPLICATIONS):
+        generator = {"application": app, "deployment": "Generator", "replica": f"g{i}nerat0"}
+        deployments.append(generator)
+        info = {"model": app, "version": "1", "backend": "torch", "device": "cpu"}
+        out.append(("ray_model_info", {**generator, **info}, GAUGE))
+        for name, kind in GENERATION_METRICS.items():
+            if name == "ray_generate_requests":
+                for finish in ("stop", "length", "cancelled"):
+                    out.append((name, {**generator, "model": app, "finish": finish}, kind))
+            else:
+                out.append((name, {**generator, "model": app}, kind))
     for labels in deployments:
         for name, (extra, kind) in SERVE_PER_DEPLOYMENT.items():
             out.append((name, {**labels, **extra}, kind))
@@ -262,7 +286,8 @@ def _input_series() -> list[dict[str, str]]:
             out.append(series(f"{name}_sum", labels, "0+20x40"))
             out.append(series(f"{name}_count", labels, "0+4x40"))
         else:
-            out.append(series(name, labels, "0+4x40" if kind == COUNTER else "3x40"))
+            (exported,) = exported_series(name, kind)  # a counter's series ends in _total
+            out.append(series(exported, labels, "0+4x40" if kind == COUNTER else "3x40"))
     return out
 
 
@@ -338,3 +363,93 @@ def test_promql_check_rejects_a_broken_expr(tmp_path: Path) -> None:
     }
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": [rule]}]}))
     assert promtool("check", "rules", str(path)).returncode != 0
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    # Expanded rows lay out their panels on the dashboard's own grid (collapsed rows keep theirs inside).
+    cells: dict[tuple[int, int], str] = {}
+    for panel in load_dashboard()["panels"]:
+        pos = panel["gridPos"]
+        for y in range(pos["y"], pos["y"] + pos["h"]):
+            for x in range(pos["x"], pos["x"] + pos["w"]):
+                other = cells.setdefault((x, y), panel["title"])
+                assert other == panel["title"], f"{panel['title']!r} overlaps {other!r} at x={x}, y={y}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Task generate: the Generation row
+
+
+def _rows() -> dict[str, list[dict[str, Any]]]:
+    """Row title -> its panels (an expanded row's are those after it, up to the next row)."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    current: list[dict[str, Any]] = []
+    for panel in load_dashboard()["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], list(panel.get("panels", [])))
+        else:
+            current.append(panel)
+    return rows
+
+
+def test_generation_row_holds_every_generation_panel() -> None:
+    rows = _rows()
+    assert "Generation" in rows, sorted(rows)
+    generation = rows["Generation"]
+    titles = {panel["title"] for panel in generation}
+    assert titles >= {
+        "Time to first token",
+        "Inter-token latency",
+        "Tokens/s",
+        "Running and waiting sequences",
+        "KV cache blocks",
+        "KV cache used fraction",
+        "Preemptions/s and cancelled/s",
+        "Decode batch size",
+        "Cancel lag p99",
+    }, sorted(titles)
+    # Every generation metric in the row (a histogram by its buckets: quantiles).
+    plotted = set().union(*(metric_names(t["expr"]) for p in generation for t in p["targets"]))
+    wanted = {s for s in GENERATION_SERIES if not s.endswith(("_sum", "_count"))}
+    assert plotted >= wanted, sorted(wanted - plotted)
+    # And the generation series nowhere else: the other rows are the embedding pipeline's.
+    for title, panels in rows.items():
+        if title != "Generation":
+            for panel in panels:
+                for target in panel["targets"]:
+                    assert not metric_names(target["expr"]) & GENERATION_SERIES, (title, panel["title"])
+
+
+def test_generation_latency_panels_show_p50_and_p99() -> None:
+    by_title = {panel["title"]: panel for panel in _rows()["Generation"]}
+    for title, metric in (
+        ("Time to first token", "ray_generate_time_to_first_token_ms_bucket"),
+        ("Inter-token latency", "ray_generate_inter_token_latency_ms_bucket"),
+    ):
+        exprs = [t["expr"] for t in by_title[title]["targets"]]
+        for q in ("0.5", "0.99"):
+            assert any(f"histogram_quantile({q}," in e and metric in e for e in exprs), (title, q)
+        assert by_title[title]["fieldConfig"]["defaults"]["unit"] == "ms", title
+
+
+def _finish_reasons() -> set[str]:
+    """The values of the engine's ``Finish`` literal (deployments/runtime/generate/engine.py), without
+    importing torch."""
+    engine = ROOT / "deployments" / "runtime" / "generate" / "engine.py"
+    tree = ast.parse(engine.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["Finish"]:
+            assert isinstance(node.value, ast.Subscript), ast.unparse(node.value)  # Literal[...]
+            values = ast.literal_eval(node.value.slice)
+            return set(values) if isinstance(values, tuple) else {values}
+    raise AssertionError("no Finish = Literal[...] in engine.py")
+
+
+def test_dashboard_and_alerts_filter_finish_by_reasons_the_engine_gives() -> None:
+    reasons = _finish_reasons()
+    assert reasons == {"stop", "length", "cancelled", "error"}, reasons
+    texts = [*dashboard_exprs(), ALERTS_YML.read_text()]
+    used = {m.group(1) for text in texts for m in re.finditer(r'\bfinish\s*=~?\s*"([^"]*)"', text)}
+    assert used, "no panel filters ray_generate_requests by finish"
+    for value in used:
+        assert set(value.split("|")) <= reasons, value

@@ -1,0 +1,392 @@
+"""``python -m bench.generate``: the generation benchmark — the design's rows in process, then the same
+streamed chat-completion traffic to this service, ``transformers serve`` and a naive endpoint, one after
+the other, in one run. See bench/README.md ("Generation").
+
+    .venv/bin/python -m bench.generate --out docs/bench-generate --doc docs/benchmarks.md
+    .venv/bin/python -m bench.generate --quick --systems naive,transformers-serve --model-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench import generate_load as load
+from bench import generate_report as report
+from bench import generate_stats as stats
+from bench import generate_systems as systems
+from bench import machine
+from bench.loadgen import _probe_window
+from bench.service import ROOT, ServiceVariant, parse_env_pair
+
+WORK_DIR = ROOT / ".bench"
+DEFAULT_MODEL_DIRS = tuple(WORK_DIR / "models" / name / "1" for name in ("bench-gpt2-small", "gpt2-small"))
+DEFAULT_CONFIG = ROOT / "examples" / "generate.yaml"
+CHECK_PROMPTS, CHECK_MAX_TOKENS = 3, 24
+
+
+def _floats(text: str) -> list[float]:
+    values = [float(v) for v in text.split(",") if v.strip()]
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive numbers like 1,8,32, got {text!r}")
+    return values
+
+
+def _systems(text: str) -> list[str]:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = sorted(set(names) - set(systems.SYSTEMS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown systems {unknown}; choose from {', '.join(systems.SYSTEMS)}"
+        )
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--systems",
+        type=_systems,
+        default=list(systems.SYSTEMS),
+        help="comma-separated, in this order (default service,transformers-serve,naive)",
+    )
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the service's Serve config")
+    p.add_argument(
+        "--service-model",
+        default=None,
+        help="the model name the service serves (default: the name in the model dir's manifest); a config "
+        "without it gets its generate application retargeted to the model dir (written to --out)",
+    )
+    p.add_argument(
+        "--service-env",
+        action="append",
+        default=[],
+        metavar="KEY=VAL",
+        help="environment for the service's Ray processes (repeatable)",
+    )
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs the private Ray instance advertises")
+    p.add_argument(
+        "--model-dir",
+        type=Path,
+        default=None,
+        help="the model for every system (default .bench/models/bench-gpt2-small/1 or gpt2-small/1, "
+        "built on first use)",
+    )
+    p.add_argument("--serving-venv", type=Path, default=WORK_DIR / "serving-venv")
+    p.add_argument(
+        "--ts-flags",
+        default="--log-level error",
+        help="extra flags for transformers serve (default: '--log-level error')",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=lambda t: [int(v) for v in _floats(t)],
+        default=None,
+        help="closed-loop clients per point (default 1,8,32; --quick 1,8)",
+    )
+    p.add_argument(
+        "--open-loop-rates",
+        type=_floats,
+        default=None,
+        help="offered req/s of the open-loop points (default 0.5,1,2; --quick 1)",
+    )
+    p.add_argument("--no-open-loop", action="store_true")
+    p.add_argument(
+        "--warmup", type=float, default=None, help="seconds of warm-up per point (default 10; --quick 2)"
+    )
+    p.add_argument(
+        "--duration", type=float, default=None, help="seconds measured per point (default 60; --quick 8)"
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run: 2 s warm-up, 8 s per point, fewer points")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--prompts", type=int, default=256, help="size of the prompt mix (default 256)")
+    p.add_argument("--max-tokens", default="32,128", help="range of max_tokens per request (default 32,128)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-design-rows", action="store_true", help="skip the in-process rows")
+    p.add_argument("--new-tokens", type=int, default=100, help="new tokens per request in the design rows")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=WORK_DIR / "generate",
+        help="directory for results.json, table.md, plot.png (default .bench/generate)",
+    )
+    p.add_argument(
+        "--doc",
+        type=Path,
+        default=None,
+        help="also put the report between the bench-generate markers of this markdown file",
+    )
+    return p
+
+
+def ensure_model(model_dir: Path | None, log: Callable[[str], None]) -> Path:
+    """The model dir: the one given, or the bench model (``.bench/models/bench-gpt2-small/1``, or the
+    builder's ``gpt2-small``), built on first use with ``deployments.repository.demo_lm``."""
+    if model_dir is not None:
+        if not (model_dir / "config.json").is_file():
+            raise SystemExit(f"error: no model in {model_dir}")
+        return model_dir
+    found = next((d for d in DEFAULT_MODEL_DIRS if (d / "config.json").is_file()), None)
+    if found is not None:
+        return found
+    log("building the bench model (python -m deployments.repository.demo_lm --preset gpt2-small) ...")
+    cmd = [sys.executable, "-m", "deployments.repository.demo_lm", "--preset", "gpt2-small"]
+    subprocess.run([*cmd, "--repository", str(WORK_DIR / "models")], cwd=ROOT, check=True, timeout=3600)
+    found = next((d for d in DEFAULT_MODEL_DIRS if (d / "config.json").is_file()), None)
+    if found is None:
+        raise SystemExit(f"error: the builder made none of {[str(d) for d in DEFAULT_MODEL_DIRS]}")
+    return found
+
+
+def model_name(model_dir: Path) -> str:
+    """The name in the model's manifest (else its directory's): what the service and naive serve it as."""
+    import json
+
+    manifest = model_dir / "manifest.json"
+    if manifest.is_file():
+        return str(json.loads(manifest.read_text()).get("name") or model_dir.resolve().parent.name)
+    return model_dir.resolve().parent.name
+
+
+def describe_model(model_dir: Path) -> dict[str, Any]:
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    shape = {
+        k: config.get(k)
+        for k in (
+            "model_type",
+            "n_layer",
+            "num_hidden_layers",
+            "n_embd",
+            "hidden_size",
+            "vocab_size",
+            "n_positions",
+            "max_position_embeddings",
+        )
+        if k in config
+    }
+    text = ", ".join(f"{k} {v}" for k, v in shape.items())
+    return {"dir": str(model_dir), "describe": f"`{model_dir}` ({text}), fp32", **shape}
+
+
+def build_prompts(
+    model_dir: Path, n: int, seed: int, max_tokens: tuple[int, int]
+) -> tuple[list[load.Prompt], dict[str, Any]]:
+    from tokenizers import Tokenizer
+
+    from bench.corpus import build_corpus
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    mix = load.prompt_mix(
+        build_corpus(seed).texts,
+        n,
+        seed,
+        max_tokens,
+        count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False).ids),
+    )
+    lengths = [p.prompt_tokens or 0 for p in mix]
+    budgets = [p.max_tokens for p in mix]
+    info = {
+        "count": n,
+        "seed": seed,
+        "tokens_min": min(lengths),
+        "tokens_max": max(lengths),
+        "tokens_mean": round(sum(lengths) / n, 1),
+        "max_tokens_min": min(budgets),
+        "max_tokens_max": max(budgets),
+        "max_tokens_mean": round(sum(budgets) / n, 1),
+    }
+    return mix, info
+
+
+def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt]) -> list[str]:
+    """Greedy ``model.generate`` answers to ``prompts`` (the output check's reference)."""
+    from bench.generate_inprocess import in_thread
+    from bench.naive_generate_server import generate
+    from bench.naive_generate_server import load as load_model
+
+    tokenizer, model = load_model(model_dir)
+
+    def answer(p: load.Prompt) -> str:
+        return generate(tokenizer, model, [{"role": "user", "content": p.text}], p.max_tokens)[0]
+
+    return [in_thread(lambda p=p: answer(p)) for p in prompts]
+
+
+def _measure(run: Any, session: int | None, warmup_s: float, duration_s: float) -> tuple[Any, float | None]:
+    """Run the coroutine ``run`` while probing other load over its window."""
+    other: list[float | None] = []
+    start = time.monotonic()
+    window = (start + warmup_s, start + warmup_s + duration_s)
+    probe = threading.Thread(
+        target=_probe_window, args=(machine.OtherLoadProbe(session), *window, other), daemon=True
+    )
+    probe.start()
+    result = asyncio.run(run)
+    probe.join(timeout=5.0)
+    return result, (other[0] if other else None)
+
+
+def measure_system(
+    sys_: systems.Running,
+    prompts: Sequence[load.Prompt],
+    ns: argparse.Namespace,
+    refs: list[str],
+    log: Callable[[str], None],
+) -> tuple[list[stats.GenPoint], str]:
+    """The output check, then every closed-loop and open-loop point of one running system."""
+    check = [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]]
+    got = asyncio.run(
+        load.check_requests(sys_.chat_url, [load.chat_body(p, sys_.model) for p in check], ns.request_timeout)
+    )
+    failed = [r.error for r in got if not r.ok]
+    if failed:
+        raise RuntimeError(f"the output check failed: {failed[0]}")
+    same = sum(1 for r, ref in zip(got, refs, strict=True) if "".join(r.text).strip() == ref.strip())
+    note = f"output check: {same}/{len(check)} greedy answers equal model.generate's"
+    log(f"  {note}")
+    bodies = [load.chat_body(p, sys_.model) for p in prompts]
+    points = []
+    for c in ns.concurrency:
+        run = load.closed_loop(sys_.chat_url, bodies, c, ns.warmup, ns.duration, ns.request_timeout)
+        res, other = _measure(run, sys_.session, ns.warmup, ns.duration)
+        point = stats.summarize_closed(sys_.name, c, res.records, res.window, res.client_cpu, other)
+        points.append(point)
+        log("  " + report.closed_table([point]).splitlines()[-1])
+        machine.wait_quiet(0.3, ns.quiet_wait)
+    for rate in ns.open_loop_rates:
+        run = load.open_loop(sys_.chat_url, bodies, rate, ns.warmup, ns.duration, ns.request_timeout, ns.seed)
+        res, other = _measure(run, sys_.session, ns.warmup, ns.duration)
+        point = stats.summarize_open(
+            sys_.name, rate, res.records, res.lateness, res.window, res.client_cpu, other, res.peak_in_flight
+        )
+        points.append(point)
+        log("  " + report.open_table([point]).splitlines()[-1])
+        machine.wait_quiet(0.3, ns.quiet_wait)
+    return points, note
+
+
+def start(name: str, ns: argparse.Namespace, log_dir: Path, entry: stats.SystemRun) -> systems.Running:
+    if name == systems.SERVICE:
+        env = dict(parse_env_pair(e) for e in ns.service_env)
+        config, change = systems.service_config(ns.config, ns.service_model, ns.model_dir, ns.out)
+        if change:
+            entry.what += f" (written to {config}: its generate application retargeted, {change})"
+            print(f"  service config: {config} ({ns.config} retargeted: {change})", flush=True)
+        variant = ServiceVariant(name=systems.SERVICE, config=config, env=env)
+        return systems.start_service(variant, ns.service_model, log_dir, ns.num_cpus)
+    if name == systems.TRANSFORMERS_SERVE:
+        env = systems.ensure_serving_venv(ns.serving_venv, WORK_DIR / "serving-install.log")
+        return systems.start_transformers_serve(env, ns.model_dir, log_dir, shlex.split(ns.ts_flags))
+    return systems.start_naive(ns.model_dir, ns.service_model, log_dir)
+
+
+WHAT = {
+    systems.SERVICE: "this service: {config} on a private Ray instance",
+    systems.TRANSFORMERS_SERVE: "transformers serve {version} --continuous-batching --device cpu {flags}",
+    systems.NAIVE: "FastAPI + uvicorn + model.generate, one request at a time "
+    "(bench/naive_generate_server.py)",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ns = build_parser().parse_args(argv)
+    ns.warmup = ns.warmup if ns.warmup is not None else (2.0 if ns.quick else 10.0)
+    ns.duration = ns.duration if ns.duration is not None else (8.0 if ns.quick else 60.0)
+    ns.concurrency = ns.concurrency or ([1, 8] if ns.quick else [1, 8, 32])
+    ns.open_loop_rates = (
+        [] if ns.no_open_loop else (ns.open_loop_rates or ([1.0] if ns.quick else [0.5, 1.0, 2.0]))
+    )
+    ns.quiet_wait = 5.0 if ns.quick else 30.0
+    lo, _, hi = ns.max_tokens.partition(",")
+    budget = (int(lo), int(hi or lo))
+
+    def log(text: str) -> None:
+        print(text, flush=True)
+
+    WORK_DIR.mkdir(exist_ok=True)
+    ns.out.mkdir(parents=True, exist_ok=True)
+    log_dir = WORK_DIR / "logs" / "generate"
+    ns.model_dir = ensure_model(ns.model_dir, log)
+    ns.service_model = ns.service_model or model_name(ns.model_dir)
+    prompts, prompt_info = build_prompts(ns.model_dir, ns.prompts, ns.seed, budget)
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items()}
+    options.update(warmup_s=ns.warmup, duration_s=ns.duration)
+    run = stats.GenReport(
+        command="python -m bench.generate " + " ".join(shlex.quote(a) for a in argv),
+        machine=machine.machine_info(root=ROOT),
+        options=options,
+        model=describe_model(ns.model_dir),
+        prompts=prompt_info,
+        started_at=time.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    log(f"prompts: {prompt_info}")
+    if not ns.no_design_rows:
+        from bench.generate_inprocess import design_rows
+
+        log("design rows (in process):")
+        run.design_rows = design_rows(ns.model_dir, ns.new_tokens, log=log)
+        gc.collect()
+    refs = reference_texts(
+        ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]]
+    )
+    for name in ns.systems:
+        what = WHAT[name].format(config=ns.config, version=systems.transformers_version(), flags=ns.ts_flags)
+        entry = stats.SystemRun(name, what)
+        run.systems.append(entry)
+        log(f"{name}: starting ...")
+        machine.wait_quiet(0.3, ns.quiet_wait)
+        try:
+            running = start(name, ns, log_dir, entry)
+        except Exception as exc:  # reported; the run goes on with the next system
+            entry.note = f"did not start: {type(exc).__name__}: {exc}"[:600]
+            log(f"  {entry.note}")
+            continue
+        entry.start_s = round(running.start_s, 1)
+        log(f"  up in {running.start_s:.0f} s at {running.base_url} (log {running.log})")
+        try:
+            points, entry.note = measure_system(running, prompts, ns, refs, log)
+            run.points += points
+            entry.ran = True
+        except Exception as exc:  # reported; the next system still runs
+            entry.note = f"failed: {type(exc).__name__}: {exc}"[:600]
+            log(f"  {entry.note}")
+        finally:
+            running.stop()
+    run.ratios = stats.design_ratios(run.design_rows) + stats.http_ratios(
+        run.points, systems.SERVICE, systems.TRANSFORMERS_SERVE, systems.NAIVE
+    )
+    run.finished_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    run.save(ns.out / "results.json")
+    plot = (
+        report.plot(run.points, ns.out / "plot.png", "generation: output tokens/s and TTFT")
+        if run.points
+        else None
+    )
+    text = report.render(run, plot.name if plot else None)
+    (ns.out / "table.md").write_text(text)
+    if ns.doc is not None:
+        doc = ns.doc.read_text() if ns.doc.exists() else ""
+        rel = os.path.relpath(plot, ns.doc.parent) if plot else None
+        ns.doc.write_text(report.splice_doc(doc, report.render(run, rel, level=3)))
+    log("\n" + report.ratios_table(run.ratios))
+    log(f"\nwrote {ns.out / 'results.json'}, {ns.out / 'table.md'}" + (f", {plot}" if plot else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""Continuous batching: requests join the running batch between decode steps and leave as they finish.
+
+One loop, on its own thread, owns the model. Each iteration it
+1. drops cancelled requests (a client gone, a deadline, a stop string): they leave within one step;
+2. admits waiting requests while the batch has rows and KV slots for their whole generation;
+3. prefills prompts in chunks, at most ``prefill_chunk_tokens`` per iteration, so a long prompt does
+   not stall the running streams; a prompt done gives its first token and joins the batch;
+4. runs one decode step of the batch: one new token per running request.
+
+Tokens go out through each request's ``sink`` as ``TokenEvent``s; every request ends with exactly one
+event carrying its ``finish`` reason, whatever happens (a failed forward pass fails the requests it held,
+and the loop goes on). Admission reserves a request's longest possible cache, so nothing is preempted.
+No Ray here: the ``Generator`` deployment wraps it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from deployments.runtime.generate.kv_batch import KVBatch, check_cache
+from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
+
+log = logging.getLogger("textserve.generate")
+
+Finish = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    max_running: int = 32  # rows of the decode batch
+    kv_cache_tokens: int = 32768  # token slots per layer, padding included
+    prefill_chunk_tokens: int = 256  # prompt tokens prefilled per iteration
+    max_waiting: int = 128  # requests admitted to the queue; past it submit() refuses
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    request_id: str
+    token_id: int | None  # None on a final event that carries no token
+    finish: Finish | None = None
+    error: str | None = None
+    at: float = 0.0  # time.perf_counter() when it was emitted
+    cancel_lag_steps: int = 0  # finish "cancelled": decode steps between cancel() and leaving the batch
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int  # queued or prefilling
+    kv_slots_used: int
+    kv_slots_total: int
+    steps: int
+    preemptions: int = 0  # admission reserves the whole generation: never preempts
+
+
+class EngineFullError(RuntimeError):
+    """The waiting queue is at ``max_waiting``."""
+
+
+Sink = Callable[[TokenEvent], None]
+
+
+@dataclass(slots=True)
+class _Sequence:
+    request_id: str
+    prompt: list[int]
+    max_new: int
+    sampler: Sampler
+    sink: Sink
+    eos: frozenset[int]
+    generated: list[int] = field(default_factory=list)
+    cache: DynamicCache | None = None
+    prefilled: int = 0
+
+    @property
+    def reserve(self) -> int:
+        return len(self.prompt) + self.max_new
+
+
+class Engine:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        eos_token_ids: tuple[int, ...],
+        limits: EngineLimits = EngineLimits(),
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.device = model.device
+        check_cache(DynamicCache(config=model.config))  # refuse sliding-window / linear-attention models
+        self.limits = limits
+        self.eos = frozenset(eos_token_ids)
+        self._on_step = on_step  # (rows, seconds) of each decode step: metrics
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._prefilling: list[_Sequence] = []
+        self._running: list[_Sequence] = []
+        self._batch = KVBatch(self.device)
+        self._cancelled: dict[str, int] = {}  # request id -> the step count when cancel() was called
+        self._steps = 0
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    # ---- called from any thread ----
+    def submit(
+        self, request_id: str, prompt: list[int], max_new_tokens: int, sampling: Sampling, sink: Sink
+    ) -> None:
+        if not prompt or max_new_tokens < 1:
+            raise ValueError("a request needs a prompt and max_new_tokens >= 1")
+        seq = _Sequence(request_id, list(prompt), max_new_tokens, Sampler(sampling), sink, self.eos)
+        if seq.reserve > self.limits.kv_cache_tokens:
+            raise ValueError(f"{seq.reserve} tokens do not fit the KV cache ({self.limits.kv_cache_tokens})")
+        with self._lock:
+            if len(self._waiting) >= self.limits.max_waiting:
+                raise EngineFullError(f"{self.limits.max_waiting} requests already wait")
+            self._waiting.append(seq)
+        self._wake.set()
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            self._cancelled.setdefault(request_id, self._steps)
+        self._wake.set()
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            waiting = len(self._waiting) + len(self._prefilling)
+        batch = self._batch
+        return EngineStats(len(self._running), waiting, batch.slots, self.limits.kv_cache_tokens, self._steps)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="generate", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        with torch.inference_mode():
+            while not self._stopping:
+                if not self.step():
+                    self._wake.wait(timeout=1.0)
+                    self._wake.clear()
+
+    # ---- the loop's own thread ----
+    @torch.inference_mode()
+    def step(self) -> bool:
+        """One iteration; False when there was nothing to do."""
+        self._drop_cancelled()
+        self._admit()
+        if not self._prefilling and not self._running:
+            return False
+        if self._prefilling:
+            self._guarded(self._prefilling, self._prefill)
+        if self._running:
+            self._guarded(self._running, self._decode)
+        return True
+
+    def _guarded(self, seqs: list[_Sequence], work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception as exc:  # one failed pass fails the requests in it; the loop goes on
+            log.exception("generation step failed")
+            if seqs is self._running:
+                self._batch = KVBatch(self.device)
+                failed = list(seqs)
+            else:  # prefill works on one prompt at a time, the head's: the ones queued behind it wait on
+                failed = seqs[:1]
+            del seqs[: len(failed)]
+            for seq in failed:
+                error = f"{type(exc).__name__}: {exc}"
+                _send(seq, TokenEvent(seq.request_id, None, "error", error, at=time.perf_counter()))
+
+    def _drop_cancelled(self) -> None:
+        with self._lock:
+            if not self._cancelled:
+                return
+            gone, self._cancelled = self._cancelled, {}
+            kept = [s for s in self._waiting if s.request_id not in gone]
+            dropped = [s for s in self._waiting if s.request_id in gone]
+            self._waiting = collections.deque(kept)
+        dropped += [s for s in self._prefilling if s.request_id in gone]
+        self._prefilling = [s for s in self._prefilling if s.request_id not in gone]
+        rows = [i for i, s in enumerate(self._running) if s.request_id not in gone]
+        dropped += [s for s in self._running if s.request_id in gone]
+        self._keep_rows(rows)
+        now = time.perf_counter()
+        for seq in dropped:
+            seq.cache = None
+            lag = self._steps - gone[seq.request_id]
+            _send(seq, TokenEvent(seq.request_id, None, "cancelled", at=now, cancel_lag_steps=lag))
+
+    def _admit(self) -> None:
+        with self._lock:
+            while self._waiting:
+                seq = self._waiting[0]
+                active = self._running + self._prefilling + [seq]
+                if len(active) > self.limits.max_running:
+                    return
+                # Rows are padded to the longest: reserve every row at the longest whole generation.
+                if len(active) * max(s.reserve for s in active) > self.limits.kv_cache_tokens:
+                    return
+                self._prefilling.append(self._waiting.popleft())
+
+    def _prefill(self) -> None:
+        budget = self.limits.prefill_chunk_tokens
+        while self._prefilling and budget > 0:
+            seq = self._prefilling[0]
+            start = seq.prefilled
+            end = min(len(seq.prompt), start + budget)
+            if seq.cache is None:
+                seq.cache = DynamicCache(config=self.model.config)
+            dev = self.device
+            out = self.model(
+                input_ids=torch.tensor([seq.prompt[start:end]], device=dev),
+                attention_mask=torch.ones((1, end), dtype=torch.long, device=dev),
+                position_ids=torch.arange(start, end, device=dev)[None],
+                past_key_values=seq.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            budget -= end - start
+            seq.prefilled = end
+            if end < len(seq.prompt):
+                return  # the budget ran out inside this prompt: the rest next iteration
+            token = next_tokens(out.logits[:, -1, :], [seq.sampler])[0]
+            if self._emit(seq, token) is None:
+                self._batch.add(seq.cache, len(seq.prompt))
+                self._running.append(seq)
+            self._prefilling.pop(0)  # only now: until here a failure is this prompt's (see _guarded)
+            seq.cache = None  # the batch holds it now
+
+    def _decode(self) -> None:
+        t0 = time.perf_counter()
+        mask, positions = self._batch.step_inputs()
+        ids = torch.tensor([[s.generated[-1]] for s in self._running], device=self.device)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=self._batch.cache,
+            use_cache=True,
+        )
+        self._batch.advance(mask)
+        tokens = next_tokens(out.logits[:, -1, :], [s.sampler for s in self._running])
+        self._steps += 1
+        rows = [
+            i for i, (s, t) in enumerate(zip(self._running, tokens, strict=True)) if self._emit(s, t) is None
+        ]
+        if self._on_step is not None:
+            self._on_step(len(tokens), time.perf_counter() - t0)
+        self._keep_rows(rows)
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        if len(rows) != len(self._running):
+            self._running = [self._running[i] for i in rows]
+            self._batch.keep(rows)
+
+    @staticmethod
+    def _emit(seq: _Sequence, token: int) -> Finish | None:
+        """Send ``token``; the request's finish reason when it was its last (eos: not sent as text)."""
+        seq.generated.append(token)
+        finish: Finish | None = None
+        if token in seq.eos:
+            finish = "stop"
+        elif len(seq.generated) >= seq.max_new:
+            finish = "length"
+        _send(seq, TokenEvent(seq.request_id, token, finish, at=time.perf_counter()))
+        return finish
+
+
+def _send(seq: _Sequence, event: TokenEvent) -> None:
+    """A sink that fails (its event loop closed) loses its own events, never the loop's other requests."""
+    try:
+        seq.sink(event)
+    except Exception:
+        log.warning("dropped an event of %s: its sink failed", seq.request_id, exc_info=True)
