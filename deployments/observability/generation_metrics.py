@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ray.serve import metrics
 
-from deployments.observability.metrics import GaugeRefresher
+from deployments.observability.metrics import GaugeRefresher, model_info_gauge
 from deployments.runtime.generate.engine import EngineStats
 
 STATS_PERIOD_S = 1.0
@@ -99,11 +99,7 @@ class GenerationMetrics:
             self.cancel_lag,
         ):
             metric.set_default_tags({"model": model})  # a new dict each: Ray adds its own tags to it
-        self.model_info = metrics.Gauge(
-            "model_info",
-            description="1 for the model this replica serves.",
-            tag_keys=("model", "version", "backend", "device"),
-        )
+        self.model_info = model_info_gauge()
         self._info = dict(info, model=model)
         self._stats = stats
         self._gauges = GaugeRefresher(self.refresh_gauges, STATS_PERIOD_S)

@@ -70,11 +70,7 @@ class InferenceMetrics(BatchMetrics):
             description="Arrival at the inference deployment to the start of its batch, per call.",
             boundaries=_MS,
         )
-        self.model_info = metrics.Gauge(
-            "model_info",
-            description="1 for the model this replica serves.",
-            tag_keys=("model", "version", "backend", "device"),
-        )
+        self.model_info = model_info_gauge()
         self._gauges = GaugeRefresher(self.refresh_gauges)
 
     def refresh_gauges(self) -> None:
@@ -84,6 +80,15 @@ class InferenceMetrics(BatchMetrics):
     def queue_changed(self, delta: int) -> None:
         self.waiting += delta
         self.queue_length.set(self.waiting)
+
+
+def model_info_gauge() -> metrics.Gauge:
+    """``model_info``: 1 for the model a replica serves (Inference, or a generate model's Model)."""
+    return metrics.Gauge(
+        "model_info",
+        description="1 for the model this replica serves.",
+        tag_keys=("model", "version", "backend", "device"),
+    )
 
 
 class StageMetrics:

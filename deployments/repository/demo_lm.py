@@ -5,14 +5,16 @@
     python -m deployments.repository.demo_lm --preset gpt2-small --repository .bench/models
 
 The tokenizer is a byte-level BPE trained here, deterministically, on text that ships with Python: the
-``pydoc_data.topics`` prose for the demos (4096 tokens; that text reaches about 9200 at most), plus the
-standard library's ``.py`` files (tests and site-packages left out) for ``gpt2-small``, which reaches
-GPT-2's 50257. Its special tokens are ``<|endoftext|>`` (id 0: bos, eos and pad), ``<|im_start|>`` and
-``<|im_end|>``, with a ChatML chat template in ``tokenizer_config.json``. The models are a GPT-2 and a
-Llama (grouped-query attention) of 2 layers, 128 wide, 512 positions, and the bench preset ``gpt2-small``
-with GPT-2 small's shape (12 layers, 768 wide, 1024 positions: 124.4 M parameters), all fp32 with a fixed
-seed. The same Python minor version gives the same files. The weights are random: a model's outputs mean
-nothing; it exists to try the generate task without downloading a model.
+``pydoc_data.topics`` prose for the demos (4096 tokens; that text reaches 9196 at most), plus the standard
+library's ``.py`` files (tests and site-packages left out, 13 MB) for ``gpt2-small``: GPT-2's 50257, in
+seconds (with Python 3.11 that text reaches 64766). Its special tokens are ``<|endoftext|>`` (id 0: bos,
+eos and pad), ``<|im_start|>`` and ``<|im_end|>``, with a ChatML chat template in ``tokenizer_config.json``.
+
+The models are a GPT-2 and a Llama (grouped-query attention: 2 KV heads) of 2 layers, 128 wide, 512
+positions (about 1 M parameters each), and the bench preset ``gpt2-small`` with GPT-2 small's shape (12
+layers, 768 wide, 1024 positions: 124,439,808 parameters, 0.5 GB), all fp32 from a fixed seed; the same
+Python minor version gives the same files. The weights are random (a GPT-2's init std is 0.1, see
+``LMSpec.init_range``): a model's outputs mean nothing; it exists to try the generate task offline.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ class LMSpec:
     kv_heads: int | None = None  # llama: grouped-query attention (None: one per head)
     intermediate: int | None = None  # the MLP's width (None: 4 * hidden)
     corpus: Corpus = "pydoc"
-    # The default 0.02 makes a small random GPT-2 (its head tied to the embeddings) repeat one token
-    # greedily; a wider init makes its output vary.
+    # At the default 0.02 a random GPT-2 (its head tied to the embeddings) greedily repeats a token or
+    # two, 2 layers or 12; 0.1 makes its output vary.
     init_range: float = 0.02
 
     def config_fields(self) -> dict[str, int | float]:
@@ -96,7 +98,9 @@ DEMOS = (
     LMSpec("demo-gpt2-lm", "gpt2", 4096, 128, 4, 512, seed=11, init_range=0.1),
     LMSpec("demo-llama-lm", "llama", 4096, 128, 4, 512, seed=12, kv_heads=2, intermediate=256),
 )
-GPT2_SMALL = LMSpec("gpt2-small", "gpt2", 50257, 768, 12, 1024, seed=13, layers=12, corpus="stdlib")
+GPT2_SMALL = LMSpec(
+    "gpt2-small", "gpt2", 50257, 768, 12, 1024, seed=13, layers=12, corpus="stdlib", init_range=0.1
+)
 PRESETS = {"demos": DEMOS, "gpt2-small": (GPT2_SMALL,)}
 
 

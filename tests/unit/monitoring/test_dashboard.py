@@ -200,7 +200,7 @@ def test_model_panels_show_each_model_application_apart() -> None:
 # Series as the multi-application service exports them (serve_config.yaml, examples/multi-model.yaml):
 # each metric only on the application that reports it, with Ray's application/deployment/replica tags.
 MODEL_APPLICATIONS = ("all-MiniLM-L6-v2", "demo-mini-embedder")
-# A generation model's application (task generate), named after its model like the others. Its Generator
+# A generation model's application (task generate), named after its model like the others. Its Model
 # replicas report the generate_* series and, like an Inference replica, ray_model_info, which the $model
 # variable lists the model applications by.
 GENERATION_APPLICATIONS = ("demo-gpt2-lm",)
@@ -257,7 +257,7 @@ def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
         out.append(("ray_tokenize_ms", tags["Tokenizer"], HISTOGRAM))
         out.append(("ray_serialize_ms", tags["Serializer"], HISTOGRAM))
     for i, app in enumerate(GENERATION_APPLICATIONS):
-        generator = {"application": app, "deployment": "Generator", "replica": f"g{i}nerat0"}
+        generator = {"application": app, "deployment": "Model", "replica": f"g{i}nerat0"}
         deployments.append(generator)
         info = {"model": app, "version": "1", "backend": "torch", "device": "cpu"}
         out.append(("ray_model_info", {**generator, **info}, GAUGE))
