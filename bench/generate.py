@@ -9,15 +9,13 @@ the other, in one run. See bench/README.md ("Generation").
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +24,20 @@ from bench import generate_report as report
 from bench import generate_stats as stats
 from bench import generate_systems as systems
 from bench import machine
-from bench.loadgen import _probe_window
-from bench.service import ROOT, ServiceVariant, parse_env_pair
+from bench.generate_measure import (
+    CHECK_MAX_TOKENS,
+    CHECK_PROMPTS,
+    WHAT,
+    build_prompts,
+    measure_system,
+    reference_texts,
+    start,
+)
+from bench.service import ROOT
 
 WORK_DIR = ROOT / ".bench"
 DEFAULT_MODEL_DIRS = tuple(WORK_DIR / "models" / name / "1" for name in ("bench-gpt2-small", "gpt2-small"))
 DEFAULT_CONFIG = ROOT / "examples" / "generate.yaml"
-CHECK_PROMPTS, CHECK_MAX_TOKENS = 3, 24
 
 
 def _floats(text: str) -> list[float]:
@@ -178,128 +183,6 @@ def describe_model(model_dir: Path) -> dict[str, Any]:
     }
     text = ", ".join(f"{k} {v}" for k, v in shape.items())
     return {"dir": str(model_dir), "describe": f"`{model_dir}` ({text}), fp32", **shape}
-
-
-def build_prompts(
-    model_dir: Path, n: int, seed: int, max_tokens: tuple[int, int]
-) -> tuple[list[load.Prompt], dict[str, Any]]:
-    from tokenizers import Tokenizer
-
-    from bench.corpus import build_corpus
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    tok.no_padding()
-    tok.no_truncation()
-    mix = load.prompt_mix(
-        build_corpus(seed).texts,
-        n,
-        seed,
-        max_tokens,
-        count_tokens=lambda t: len(tok.encode(t, add_special_tokens=False).ids),
-    )
-    lengths = [p.prompt_tokens or 0 for p in mix]
-    budgets = [p.max_tokens for p in mix]
-    info = {
-        "count": n,
-        "seed": seed,
-        "tokens_min": min(lengths),
-        "tokens_max": max(lengths),
-        "tokens_mean": round(sum(lengths) / n, 1),
-        "max_tokens_min": min(budgets),
-        "max_tokens_max": max(budgets),
-        "max_tokens_mean": round(sum(budgets) / n, 1),
-    }
-    return mix, info
-
-
-def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt]) -> list[str]:
-    """Greedy ``model.generate`` answers to ``prompts`` (the output check's reference)."""
-    from bench.generate_inprocess import in_thread
-    from bench.naive_generate_server import generate
-    from bench.naive_generate_server import load as load_model
-
-    tokenizer, model = load_model(model_dir)
-
-    def answer(p: load.Prompt) -> str:
-        return generate(tokenizer, model, [{"role": "user", "content": p.text}], p.max_tokens)[0]
-
-    return [in_thread(lambda p=p: answer(p)) for p in prompts]
-
-
-def _measure(run: Any, session: int | None, warmup_s: float, duration_s: float) -> tuple[Any, float | None]:
-    """Run the coroutine ``run`` while probing other load over its window."""
-    other: list[float | None] = []
-    start = time.monotonic()
-    window = (start + warmup_s, start + warmup_s + duration_s)
-    probe = threading.Thread(
-        target=_probe_window, args=(machine.OtherLoadProbe(session), *window, other), daemon=True
-    )
-    probe.start()
-    result = asyncio.run(run)
-    probe.join(timeout=5.0)
-    return result, (other[0] if other else None)
-
-
-def measure_system(
-    sys_: systems.Running,
-    prompts: Sequence[load.Prompt],
-    ns: argparse.Namespace,
-    refs: list[str],
-    log: Callable[[str], None],
-) -> tuple[list[stats.GenPoint], str]:
-    """The output check, then every closed-loop and open-loop point of one running system."""
-    check = [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]]
-    got = asyncio.run(
-        load.check_requests(sys_.chat_url, [load.chat_body(p, sys_.model) for p in check], ns.request_timeout)
-    )
-    failed = [r.error for r in got if not r.ok]
-    if failed:
-        raise RuntimeError(f"the output check failed: {failed[0]}")
-    same = sum(1 for r, ref in zip(got, refs, strict=True) if "".join(r.text).strip() == ref.strip())
-    note = f"output check: {same}/{len(check)} greedy answers equal model.generate's"
-    log(f"  {note}")
-    bodies = [load.chat_body(p, sys_.model) for p in prompts]
-    points = []
-    for c in ns.concurrency:
-        run = load.closed_loop(sys_.chat_url, bodies, c, ns.warmup, ns.duration, ns.request_timeout)
-        res, other = _measure(run, sys_.session, ns.warmup, ns.duration)
-        point = stats.summarize_closed(sys_.name, c, res.records, res.window, res.client_cpu, other)
-        points.append(point)
-        log("  " + report.closed_table([point]).splitlines()[-1])
-        machine.wait_quiet(0.3, ns.quiet_wait)
-    for rate in ns.open_loop_rates:
-        run = load.open_loop(sys_.chat_url, bodies, rate, ns.warmup, ns.duration, ns.request_timeout, ns.seed)
-        res, other = _measure(run, sys_.session, ns.warmup, ns.duration)
-        point = stats.summarize_open(
-            sys_.name, rate, res.records, res.lateness, res.window, res.client_cpu, other, res.peak_in_flight
-        )
-        points.append(point)
-        log("  " + report.open_table([point]).splitlines()[-1])
-        machine.wait_quiet(0.3, ns.quiet_wait)
-    return points, note
-
-
-def start(name: str, ns: argparse.Namespace, log_dir: Path, entry: stats.SystemRun) -> systems.Running:
-    if name == systems.SERVICE:
-        env = dict(parse_env_pair(e) for e in ns.service_env)
-        config, change = systems.service_config(ns.config, ns.service_model, ns.model_dir, ns.out)
-        if change:
-            entry.what += f" (written to {config}: its generate application retargeted, {change})"
-            print(f"  service config: {config} ({ns.config} retargeted: {change})", flush=True)
-        variant = ServiceVariant(name=systems.SERVICE, config=config, env=env)
-        return systems.start_service(variant, ns.service_model, log_dir, ns.num_cpus)
-    if name == systems.TRANSFORMERS_SERVE:
-        env = systems.ensure_serving_venv(ns.serving_venv, WORK_DIR / "serving-install.log")
-        return systems.start_transformers_serve(env, ns.model_dir, log_dir, shlex.split(ns.ts_flags))
-    return systems.start_naive(ns.model_dir, ns.service_model, log_dir)
-
-
-WHAT = {
-    systems.SERVICE: "this service: {config} on a private Ray instance",
-    systems.TRANSFORMERS_SERVE: "transformers serve {version} --continuous-batching --device cpu {flags}",
-    systems.NAIVE: "FastAPI + uvicorn + model.generate, one request at a time "
-    "(bench/naive_generate_server.py)",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
