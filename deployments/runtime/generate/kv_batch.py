@@ -17,9 +17,52 @@ class UnsupportedCacheError(RuntimeError):
     """The model's cache has layers this batch cannot merge (sliding windows, linear attention)."""
 
 
+# Columns a layer's buffer keeps free past its tokens: decode steps write into them in place, where a plain
+# DynamicLayer concatenates (copies the whole batch's cache) at every step.
+HEADROOM = 64
+
+
+class SlotLayer(DynamicLayer):
+    """A full-attention cache layer whose keys and values live in a buffer with room to grow: an update
+    writes the new columns in place and returns views of the filled part."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.is_initialized = True
+        self.device = keys.device
+        self._filled = 0
+        self._k = keys.new_empty(0)
+        self._v = values.new_empty(0)
+        self._store(keys, values)
+
+    def _store(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        rows, heads, tokens, dim = keys.shape
+        self._k = keys.new_empty((rows, heads, tokens + HEADROOM, dim))
+        self._v = values.new_empty((rows, heads, tokens + HEADROOM, values.shape[-1]))
+        self._k[:, :, :tokens] = keys
+        self._v[:, :, :tokens] = values
+        self._view(tokens)
+
+    def _view(self, filled: int) -> None:
+        self._filled = filled
+        self.keys = self._k[:, :, :filled]
+        self.values = self._v[:, :, :filled]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._filled + key_states.shape[-2]
+        if end > self._k.shape[-2]:
+            self._store(self.keys, self.values)  # full: a new buffer, HEADROOM columns larger
+        self._k[:, :, self._filled : end] = key_states
+        self._v[:, :, self._filled : end] = value_states
+        self._view(end)
+        return self.keys, self.values
+
+
 def check_cache(cache: DynamicCache) -> None:
     kinds = {type(layer).__name__ for layer in cache.layers}
-    if kinds != {DynamicLayer.__name__}:
+    if not kinds <= {DynamicLayer.__name__, SlotLayer.__name__}:
         raise UnsupportedCacheError(f"continuous batching needs full-attention cache layers, got {kinds}")
 
 
@@ -53,14 +96,20 @@ class KVBatch:
         check_cache(cache)
         if self.cache is None or self.rows == 0:
             self.cache = cache
+            cache.layers[:] = [SlotLayer(layer.keys, layer.values) for layer in cache.layers]
             self.mask = self._mask(1, length) + 1
             self.lengths = [length]
             return
         width = max(self.columns, length)
         grow, pad = width - self.columns, width - length
-        for mine, theirs in zip(self.cache.layers, cache.layers, strict=True):
-            mine.keys = torch.cat([_pad_left(mine.keys, grow), _pad_left(theirs.keys, pad)], dim=0)
-            mine.values = torch.cat([_pad_left(mine.values, grow), _pad_left(theirs.values, pad)], dim=0)
+        layers = zip(self.cache.layers, cache.layers, strict=True)
+        self.cache.layers[:] = [
+            SlotLayer(
+                torch.cat([_pad_left(mine.keys, grow), _pad_left(theirs.keys, pad)], dim=0),
+                torch.cat([_pad_left(mine.values, grow), _pad_left(theirs.values, pad)], dim=0),
+            )
+            for mine, theirs in layers
+        ]
         row = self._mask(1, width)
         row[:, pad:] = 1
         mask = torch.nn.functional.pad(self.mask, (grow, 0)) if grow else self.mask
@@ -88,9 +137,9 @@ class KVBatch:
             return
         index = torch.tensor(rows, dtype=torch.long, device=self.device)
         cut = self.columns - max(self.lengths)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[index, :, cut:].contiguous()
-            layer.values = layer.values[index, :, cut:].contiguous()
+        self.cache.layers[:] = [
+            SlotLayer(layer.keys[index, :, cut:], layer.values[index, :, cut:]) for layer in self.cache.layers
+        ]
         self.mask = self.mask[index, cut:]
 
 
