@@ -41,6 +41,7 @@ USER_CONFIGS = {
 # serves, checked against the manifest.
 IDENTITY = {"model.name", "model.version", "model.task", "model.backend"}
 # Ray Serve's defaults for HAProxy's stats page and Prometheus endpoint (it binds them on every interface).
+GENERATOR = "Model (generate)"  # decorator_options' key for a generate model's Model deployment
 HAPROXY_PORTS = {"RAY_SERVE_HAPROXY_STATS_PORT": 8404, "RAY_SERVE_HAPROXY_METRICS_PORT": 9101}
 
 
@@ -57,12 +58,14 @@ def _model_lines(app: ServeApplicationSchema) -> list[str]:
     for role, model_config in zip(("stable", "candidate"), args.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=args.runtime.verify_checksums)
         m = model.manifest
-        signature = (
-            f"dimension {m.output.dimension}"
-            if m.task == "embed"
-            else f"labels {list(m.output.labels or ())}"
-        )
-        graph = f" {args.runtime.torch_graph}" if model_config.backend == "torch" else ""
+        if m.task == "embed":
+            signature = f"dimension {m.output.dimension}"
+        elif m.task == "generate":
+            signature = "chat template" if m.chat_template else "no chat template"
+        else:
+            signature = f"labels {list(m.output.labels or ())}"
+        torch_graph = model_config.backend == "torch" and m.task != "generate"
+        graph = f" {args.runtime.torch_graph}" if torch_graph else ""
         lines.append(
             f"{app.name}: {m.name} v{m.version} {role} ({m.task}, {signature}, max {m.input.max_tokens} "
             f"tokens, {model_config.backend} {model.precision}{graph}) weights {model.weights_dir}"
@@ -92,13 +95,18 @@ def check_config(path: Path) -> list[str]:
 
 def decorator_options() -> dict[str, dict[str, Any]]:
     """Each ``@serve.deployment(...)``'s options by deployment name, read from the source with ast (no
-    torch, no Ray): the defaults that a config's ``deployments`` entries override."""
+    torch, no Ray): the defaults that a config's ``deployments`` entries override. A generate model's
+    ``Model`` (the generator) is ``GENERATOR``: its name is the encoder pipeline's too."""
     found: dict[str, dict[str, Any]] = {}
     for source in sorted((PROJECT_ROOT / "deployments").rglob("*.py")):
         for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Call) and ast.unparse(node.func) == "serve.deployment":
-                options = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-                found[options.pop("name")] = options
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and ast.unparse(decorator.func) == "serve.deployment":
+                    options = {kw.arg: ast.literal_eval(kw.value) for kw in decorator.keywords if kw.arg}
+                    name = options.pop("name")
+                    found[GENERATOR if node.name == "GeneratorDeployment" else name] = options
     return found
 
 
@@ -106,6 +114,8 @@ def _deployment_names(app: ServeApplicationSchema, args: RouterArgs | ModelAppAr
     """Every deployment the application's builder makes (written in the config or not)."""
     if isinstance(args, RouterArgs):
         made = ["Ingress"]
+    elif args.model.task == "generate":
+        made = [MODEL]
     else:
         prefixes = ("", "Candidate")[: len(args.served_models())]
         made = [MODEL, *(prefix + name for prefix in prefixes for name in (TOKENIZER, INFERENCE)), SERIALIZER]
@@ -124,8 +134,9 @@ def effective_settings(path: Path) -> dict[str, Any]:
         args = kind.model_validate(app.args or {})
         entry: dict[str, Any] = {"args": args.model_dump(mode="json")}
         written = {d.name: d for d in app.deployments}
+        generate = isinstance(args, ModelAppArgs) and args.model.task == "generate"
         for name in _deployment_names(app, args):
-            role = name.removeprefix("Candidate")
+            role = GENERATOR if generate and name == MODEL else name.removeprefix("Candidate")
             deployment = written.get(name)
             given = (
                 deployment.model_dump(exclude_unset=True, exclude={"name", "user_config"})

@@ -204,3 +204,49 @@ def test_classify_on_embedding_weights(tmp_path):
 def test_classify_max_tokens_checked_too(classify_repo):
     _write_classifier_config(classify_repo, max_position_embeddings=64)
     _weights_refused(_classify_manifest(), classify_repo, "input.max_tokens")
+
+
+def _causal_lm_copy(tmp_path: Path, **manifest_changes: Any) -> Path:
+    """The demo GPT-2 (built by .ci/setup) copied, its manifest changed; returns the manifest's path."""
+    import shutil
+
+    source = Path(__file__).resolve().parents[4] / "models" / "demo-gpt2-lm" / "1"
+    target = tmp_path / "demo-gpt2-lm" / "1"
+    shutil.copytree(source, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    for key, value in manifest_changes.items():
+        if key == "max_tokens":
+            manifest["input"]["max_tokens"] = value
+        else:
+            manifest[key] = value
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target / "manifest.json"
+
+
+@pytest.mark.parametrize(
+    ("changes", "config_changes", "field"),
+    [
+        ({}, {"architectures": ["GPT2Model"]}, "task"),  # no LM head: cannot generate
+        ({"max_tokens": 4096}, {}, "input.max_tokens"),  # past n_positions (512)
+        ({"chat_template": False}, {}, "chat_template"),  # the tokenizer has one
+    ],
+)
+def test_a_causal_lm_that_does_not_match_its_manifest_is_refused(
+    tmp_path: Path, changes: dict[str, Any], config_changes: dict[str, Any], field: str
+) -> None:
+    from deployments.repository.manifest import load_manifest
+
+    path = _causal_lm_copy(tmp_path, **changes)
+    if config_changes:
+        config = json.loads((path.parent / "config.json").read_text())
+        (path.parent / "config.json").write_text(json.dumps(config | config_changes))
+    with pytest.raises(ManifestError) as refused:
+        check_weights(load_manifest(path), path.parent, path, hash_files=False)
+    assert refused.value.field == field
+
+
+def test_the_demo_causal_lm_checks_out(tmp_path: Path) -> None:
+    from deployments.repository.manifest import load_manifest
+
+    path = _causal_lm_copy(tmp_path)
+    check_weights(load_manifest(path), path.parent, path, hash_files=True)

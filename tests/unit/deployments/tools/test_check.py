@@ -134,3 +134,20 @@ def test_defaults_of_an_invalid_config_is_an_error_not_a_traceback(tmp_path, cap
     path.write_text(yaml.safe_dump({"applications": [{"name": "x", "import_path": ROUTER, "args": {}}]}))
     assert main(["--defaults", str(path)]) == 1
     assert "invalid config" in capsys.readouterr().err
+
+
+def test_the_generate_example_passes_and_shows_its_generator(capsys):
+    """examples/generate.yaml (demo models built by .ci/setup): the causal LM is checked like every model,
+    and --defaults shows its one deployment with the generator's own options and the engine's bounds."""
+    example = str(ROOT / "examples" / "generate.yaml")
+    assert main([example]) == 0
+    assert "demo-gpt2-lm: demo-gpt2-lm v1 stable (generate, chat template, max 512 tokens, torch fp32)" in (
+        capsys.readouterr().out
+    )
+    assert main(["--defaults", example]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)["demo-gpt2-lm"]
+    assert [k for k in shown if k != "args"] == ["Model"]  # no tokenizer, inference or serializer stages
+    assert shown["Model"]["max_ongoing_requests"] == 512  # GeneratorDeployment's, not the encoder pipeline's
+    assert shown["Model"]["ray_actor_options"] == {"num_cpus": 0.5}  # written in the example
+    assert shown["args"]["generation"]["max_running"] == 16  # the example's choice
+    assert shown["args"]["generation"]["prefill_chunk_tokens"] == 256
