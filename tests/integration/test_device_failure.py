@@ -19,7 +19,8 @@ from deployments.pipeline.inference import FAULT_INJECTION_ENV
 from tests.integration.conftest import ServeHarness, deployment_named, routed_model
 from tests.integration.traffic import Traffic
 
-pytestmark = pytest.mark.integration
+# slow: ~2.5 minutes with its own model application (bash .ci/run -m slow)
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "faulty"
 ROUTE = "/faulty"

@@ -43,7 +43,8 @@ from tests.integration.conftest import (
 )
 from tests.integration.traffic import Answer, Traffic
 
-pytestmark = pytest.mark.integration
+# slow: ~4.5 minutes (the default suite keeps under 20); bash .ci/run -m slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 A, B, ROUTER = "iso-a", "iso-b", "iso-router"
 ROUTE = "/iso"

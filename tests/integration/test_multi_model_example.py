@@ -11,7 +11,8 @@ import pytest
 from tests.integration.conftest import ROOT
 from tests.integration.examples import serve_example
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+# slow: its own Ray instance, ~2.5 minutes; examples/generate.yaml is run the same way by default
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
 EXAMPLE = ROOT / "examples" / "multi-model.yaml"
 MODELS = ["all-MiniLM-L6-v2", "demo-sentiment-classifier", "demo-mini-embedder"]

@@ -167,6 +167,7 @@ def _versions(url: str, body: dict[str, Any], n: int) -> Counter[str | None]:
         return Counter(a.version for a in pool.map(one, range(n)))
 
 
+@pytest.mark.slow  # ~2.5 minutes; the default suite keeps the blue-green switch test
 def test_canary_share_is_set_by_config_and_versions_can_be_pinned(
     serve_harness: ServeHarness, model_repo: Path, versions_app: None
 ) -> None:

@@ -168,7 +168,8 @@ def test_manifest_not_an_object(embed_repo, tmp_path):
         ({"normalize": "true"}, "normalize"),
         ({"version": 3}, "version"),
         ({"name": ""}, "name"),
-        ({"task": "generate"}, "task"),
+        ({"task": "translate"}, "task"),
+        ({"task": "generate"}, "output.dimension"),  # a causal LM has no embedding size or pooling
         ({"task": "rerank"}, "activation"),  # a cross-encoder's manifest names its score activation
         ({"pooling": "max"}, "pooling"),
         ({"schema_version": 2}, "schema_version"),
