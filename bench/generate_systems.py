@@ -5,7 +5,7 @@ Each is started alone on a free loopback port in its own process session (``benc
 
 ``transformers serve`` lives in ``.bench/serving-venv`` (made on first use): ``transformers[serving]``
 at this environment's transformers version with this environment's exact CPU torch build pinned
-(``bench.infinity.torch_pin``: ``torch==2.13.0+cpu``), so pip never pulls a multi-GB CUDA build.
+(``bench.peer_venv.torch_pin``: ``torch==2.13.0+cpu``), so pip never pulls a multi-GB CUDA build.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from bench import procs
-from bench.infinity import torch_pin
+from bench.peer_venv import PeerUnavailable, ensure_peer_venv
 from bench.service import ROOT, RayServeService, ServiceVariant, load_config
 
 SERVICE, TRANSFORMERS_SERVE, NAIVE = "service", "transformers-serve", "naive"
@@ -55,41 +55,21 @@ class ServingEnv:
         return self.venv / "bin" / "transformers"
 
 
-def _run(cmd: list[str], log: Path, timeout_s: float) -> None:
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        try:
-            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise Unavailable(f"timed out after {timeout_s:.0f} s: {' '.join(cmd)} (log: {log})") from None
-    if done.returncode != 0:
-        raise Unavailable(f"failed (exit {done.returncode}): {' '.join(cmd)} (log: {log})")
-
-
 def ensure_serving_venv(venv: Path, log: Path, install_timeout_s: float = 1800.0) -> ServingEnv:
     """Create (once) the ``transformers serve`` environment; raises Unavailable with the reason."""
-    pin, version = torch_pin(), transformers_version()
-    if "+cpu" not in pin:
-        raise Unavailable(f"this environment's torch is not a CPU build ({pin}); install by hand")
-    env = ServingEnv(venv)
-    stamp = venv / f".bench-installed-transformers-{version}"
-    if stamp.is_file() and env.cli.is_file():
-        return env
-    log.parent.mkdir(parents=True, exist_ok=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    if not env.python.is_file():
-        _run([sys.executable, "-m", "venv", str(venv)], log, 300)
-    pip = [str(env.python), "-m", "pip", "install", "--disable-pip-version-check"]
-    _run([*pip, pin], log, install_timeout_s)
-    _run([*pip, f"transformers[serving]=={version}", pin], log, install_timeout_s)
-    check = (
-        "import torch, transformers, fastapi, uvicorn; "
-        f"assert '+cpu' in torch.__version__, torch.__version__; "
-        f"assert transformers.__version__ == {version!r}, transformers.__version__"
-    )
-    _run([str(env.python), "-c", check], log, 300)
-    stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    env, version = ServingEnv(venv), transformers_version()
+    try:
+        ensure_peer_venv(
+            venv,
+            env.cli,
+            f".bench-installed-transformers-{version}",
+            f"transformers[serving]=={version}",
+            f"import transformers, fastapi, uvicorn; assert transformers.__version__ == {version!r}",
+            log,
+            install_timeout_s,
+        )
+    except PeerUnavailable as exc:
+        raise Unavailable(str(exc)) from None
     return env
 
 

@@ -15,13 +15,12 @@ pooling for this model (cosine ~0.5 against the reference).
 
 from __future__ import annotations
 
-import importlib.metadata
 import shutil
 import subprocess
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.peer_venv import PeerUnavailable, ensure_peer_venv
 
 INFINITY_VERSION = "0.0.78"
 EXTRAS = "server,torch,optimum"
@@ -48,7 +47,7 @@ CONFIGS = (
 )
 
 
-class InfinityUnavailable(RuntimeError):
+class InfinityUnavailable(PeerUnavailable):
     """Infinity cannot run here; the message says why (it goes into the report)."""
 
 
@@ -74,51 +73,22 @@ class InfinityEnv:
         return out.stdout.strip()
 
 
-def _run(cmd: list[str], log: Path, timeout_s: float) -> None:
-    with log.open("a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        try:
-            done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired:
-            raise InfinityUnavailable(
-                f"timed out after {timeout_s:.0f} s: {' '.join(cmd)} (log: {log})"
-            ) from None
-    if done.returncode != 0:
-        raise InfinityUnavailable(f"failed (exit {done.returncode}): {' '.join(cmd)} (log: {log})")
-
-
-def torch_pin() -> str:
-    """This environment's exact torch build (``torch==2.13.0+cpu``): the local version label keeps pip
-    from choosing a CUDA build, and a missing wheel fails loudly instead of downloading gigabytes."""
-    return f"torch=={importlib.metadata.version('torch')}"
-
-
 def ensure_venv(venv: Path, log: Path, install_timeout_s: float = 1800.0) -> InfinityEnv:
     """Create (once) and return the Infinity environment; raises InfinityUnavailable with the reason."""
-    pin = torch_pin()
-    if "+cpu" not in pin:
-        raise InfinityUnavailable(
-            f"this environment's torch is not a CPU build ({pin}); install Infinity by hand"
-        )
     env = InfinityEnv(venv)
-    stamp = venv / f".bench-installed-{INFINITY_VERSION}"
-    if stamp.is_file() and env.cli.is_file():
-        return env
-    log.parent.mkdir(parents=True, exist_ok=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    if not env.python.is_file():
-        _run([sys.executable, "-m", "venv", str(venv)], log, 300)
-    pip = [str(env.python), "-m", "pip", "install", "--disable-pip-version-check"]
-    _run([*pip, pin], log, install_timeout_s)
-    _run([*pip, f"infinity-emb[{EXTRAS}]=={INFINITY_VERSION}", pin], log, install_timeout_s)
-    _run([str(env.python), "-m", "pip", "uninstall", "-y", "torchvision"], log, 300)
-    check = (
-        "import torch, infinity_emb, optimum.onnxruntime; "
-        "assert '+cpu' in torch.__version__, torch.__version__"
-    )
-    _run([str(env.python), "-c", check], log, 300)
-    stamp.write_text(time.strftime("%Y-%m-%d %H:%M:%S\n"))
+    try:
+        ensure_peer_venv(
+            venv,
+            env.cli,
+            f".bench-installed-{INFINITY_VERSION}",
+            f"infinity-emb[{EXTRAS}]=={INFINITY_VERSION}",
+            "import infinity_emb, optimum.onnxruntime",
+            log,
+            install_timeout_s,
+            after=(["uninstall", "-y", "torchvision"],),
+        )
+    except PeerUnavailable as exc:
+        raise InfinityUnavailable(str(exc)) from None
     return env
 
 

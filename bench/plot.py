@@ -73,7 +73,7 @@ def plot_run(points: Sequence[Point], path: Path, title: str = "") -> Path:
             color=plt.get_cmap("Dark2")(i % 8),
             label=f"{p.system} {p.workload} ({'model alone' if same_requests else 'limit'})",
         )
-    return _save(fig, list(axes), path, title)
+    return save_figure(fig, list(axes), path, title)
 
 
 def plot_curve(points: Sequence[Point], path: Path, title: str, x_unit: str = "seq/s") -> Path:
@@ -141,10 +141,10 @@ def plot_open_loop(points: Sequence[Point], path: Path, title: str = "") -> Path
     ax.set_ylabel("latency (ms)")
     ax.set_yscale("log")
     ax.grid(True, which="both", alpha=0.3)
-    return _save(fig, [ax], path, title)
+    return save_figure(fig, [ax], path, title)
 
 
-def _save(fig: Any, axes: list[Any], path: Path, title: str | None) -> Path:
+def save_figure(fig: Any, axes: list[Any], path: Path, title: str | None) -> Path:
     import matplotlib.pyplot as plt
 
     for ax in axes:
