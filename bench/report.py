@@ -137,8 +137,14 @@ END_MARK = "<!-- bench:end -->"
 
 def splice_doc(doc: str, generated: str) -> str:
     """``doc`` with the text between the bench markers replaced by ``generated`` (appended if absent)."""
-    block = f"{BEGIN_MARK}\n{generated.rstrip()}\n{END_MARK}"
-    start, end = doc.find("<!-- bench:begin"), doc.find(END_MARK)
+    return splice_between(doc, generated, BEGIN_MARK, END_MARK)
+
+
+def splice_between(doc: str, generated: str, begin_mark: str, end_mark: str) -> str:
+    """``doc`` with the text between one benchmark's markers replaced (appended if absent). A begin marker
+    is found by its text up to its first space after the name, so a changed explanation still matches."""
+    block = f"{begin_mark}\n{generated.rstrip()}\n{end_mark}"
+    start, end = doc.find(begin_mark.split(" (", 1)[0]), doc.find(end_mark)
     if start == -1 or end == -1 or end < start:
         return doc.rstrip() + "\n\n" + block + "\n"
-    return doc[:start] + block + doc[end + len(END_MARK) :]
+    return doc[:start] + block + doc[end + len(end_mark) :]

@@ -124,6 +124,16 @@ class RuntimeConfig(_Frozen):
         "of at most inline_chars characters itself, one Ray hop fewer (single texts, one client: 39.7 -> "
         "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
     )
+    bulk_nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="The OS niceness of the replicas that only see large groups: Tokenizer and Serializer "
+        "(groups over inline_chars), and on a CPU with small_groups_in_pipeline Inference too. The Model "
+        "replica does the small (interactive) groups' work itself, so under contention it gets the cores "
+        "first; alone, those replicas run at full speed. Ray starts its workers at 15: only 16-19 change "
+        "anything (19: about 30 % of a shared core against the Model replica's 70 %). 0 turns it off.",
+    )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 
@@ -202,6 +212,18 @@ class ModelAppArgs(_Frozen):
         return models
 
 
+class AuthConfig(_Frozen):
+    """Who may call the model routes (``docs/security.md``). Without ``keys_file`` every request is the
+    tenant ``anonymous``, with no limits; with one, each model route needs ``Authorization: Bearer <key>``."""
+
+    keys_file: str | None = Field(
+        default=None,
+        description="The tenants file (``python -m deployments.tools.keys``): each tenant's policy and its "
+        "API keys as salted hashes. Relative paths are from the project root. Read again when it changes.",
+    )
+    reload_interval_s: float = Field(default=2.0, gt=0, description="How often the file is checked.")
+
+
 class RouterArgs(_Frozen):
     """The ``args`` of the HTTP application (``deployments.app:build_router``): which models it routes to.
 
@@ -216,6 +238,7 @@ class RouterArgs(_Frozen):
         default=None, description="Answers requests that name no model; null: the first of ``models``."
     )
     limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
 
     @model_validator(mode="after")
@@ -311,6 +334,13 @@ class PipelineConfig(_Frozen):
     )
     float_decimals: int | None = Field(
         default=6, ge=0, le=9, description="Round JSON floats to this many decimals; null keeps all."
+    )
+    batch_min_share: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="The share of the pipeline's recent busy time that bulk (batch-priority) tenants keep "
+        "while interactive work waits too: interactive groups go first, bulk is never starved.",
     )
 
 

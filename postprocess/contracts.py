@@ -75,6 +75,7 @@ class SerializedResponse:
     body: bytes
     media_type: MediaType
     model_version: str
+    input_tokens: int = 0  # what the model read for it: charged to the tenant's tokens/min
 
 
 @dataclass(frozen=True, slots=True)

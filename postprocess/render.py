@@ -50,6 +50,7 @@ def serialize(
         body=render(payload, options.media_type),
         media_type=options.media_type,
         model_version=output.model.version,
+        input_tokens=output.token_count,
     )
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from preprocess.generation import GenerationRequest
+
+# A tenant's class (its policy in the tenants file): interactive work is batched ahead of bulk work.
+Priority = Literal["interactive", "batch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,3 +92,4 @@ class GenerationJob:
     request: GenerationRequest
     deadline: float  # epoch seconds; the whole generation must end by then (X-Request-Timeout)
     request_id: str = ""
+    priority: Priority = "interactive"  # the tenant's class: admitted to the running batch first or not

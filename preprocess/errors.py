@@ -7,6 +7,7 @@ stable ``code``; the HTTP status for each class is decided in exactly one place,
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 
@@ -23,6 +24,10 @@ class ServiceError(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+    def headers(self) -> dict[str, str]:
+        """HTTP headers this error's answer carries (WWW-Authenticate, Retry-After, rate limits)."""
+        return {}
 
 
 class InvalidRequestError(ServiceError):
@@ -114,3 +119,38 @@ class ModelExecutionError(ServiceError):
 class InternalError(ServiceError):
     type = "server_error"
     code = "internal_error"
+
+
+class AuthenticationError(ServiceError):
+    """No API key, or one the service does not know (the answer never says which, nor echoes it)."""
+
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="textserve"'}
+
+
+class PermissionDeniedError(ServiceError):
+    """The key is valid but its tenant may not use this model."""
+
+    type = "permission_error"
+    code = "model_not_allowed"
+
+
+class RateLimitedError(ServiceError):
+    """The tenant's requests/s or input tokens/min bucket is empty; ``retry_after_s``: when it refills."""
+
+    type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(
+        self, message: str, retry_after_s: float = 1.0, limits: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.args = (message, retry_after_s, limits)  # pickles with its fields
+        self.retry_after_s = retry_after_s
+        self.limits = dict(limits or {})
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after_s)))} | self.limits

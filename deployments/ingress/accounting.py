@@ -12,6 +12,7 @@ from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from deployments.ingress.access import ANONYMOUS_ADMISSION, current_admission
 from deployments.ingress.errors import answered_error_code
 from deployments.observability.logs import reset_request_id, set_request_id
 from deployments.observability.metrics import IngressMetrics, rejected_reason
@@ -27,6 +28,8 @@ _ROUTES = {
     "/embed_sparse": "embed_sparse",
     "/tokenize": "tokenize",
     "/predict": "predict",
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
     "/v1/models": "models",
     "/healthz": "healthz",
 }
@@ -40,7 +43,7 @@ def route_of(path: str) -> str:
 
 
 class AnswerSink(Protocol):
-    def answered(self, route: str, status: int, rejected_reason: str | None) -> None: ...
+    def answered(self, route: str, status: int, rejected_reason: str | None, tenant: str) -> None: ...
 
 
 class RequestAccounting:
@@ -65,17 +68,20 @@ class RequestAccounting:
         request_id = _header(scope, b"x-request-id")  # Serve's proxy sets it when the client did not
         id_token = set_request_id(request_id)
         token = answered_error_code.set(None)
+        tenant_token = current_admission.set(ANONYMOUS_ADMISSION)  # the access middleware sets the caller
         start = time.perf_counter()
         try:
             await self._app(scope, receive, send_and_note)
         finally:
             code = answered_error_code.get()
             answered_error_code.reset(token)
+            tenant = current_admission.get().tenant
+            current_admission.reset(tenant_token)
             if self._metrics is None:
                 self._metrics = IngressMetrics()
             reason = rejected_reason(code) if code is not None else None
             route = route_of(scope["path"])
-            self._metrics.answered(route, status, reason)
+            self._metrics.answered(route, status, reason, tenant)
             if self.access_log:
                 access.info(
                     "%s %s %d",
@@ -85,6 +91,7 @@ class RequestAccounting:
                     extra={
                         "route": route,
                         "status": status,
+                        "tenant": tenant,
                         "ms": round((time.perf_counter() - start) * 1e3, 2),
                     },
                 )

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from deployments.ingress.access import AccessControl
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.errors import handle_http_exception, handle_service_error
 from preprocess.errors import ServiceError
@@ -27,4 +28,5 @@ api = FastAPI(
 api.add_exception_handler(ServiceError, handle_service_error)
 api.add_exception_handler(StarletteHTTPException, handle_http_exception)
 api.add_exception_handler(Exception, handle_service_error)
+api.add_middleware(AccessControl)  # inside the accounting: refusals at the door are counted too
 api.add_middleware(RequestAccounting)

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from preprocess.errors import (
+    AuthenticationError,
     DeadlineExceededError,
     InternalError,
     InvalidRequestError,
@@ -22,6 +23,8 @@ from preprocess.errors import (
     NotReadyError,
     OverloadedError,
     PayloadTooLargeError,
+    PermissionDeniedError,
+    RateLimitedError,
     RouteNotFoundError,
     ServiceError,
     UnavailableError,
@@ -42,6 +45,9 @@ STATUS_BY_ERROR: dict[type[ServiceError], int] = {
     NotAcceptableError: 406,
     MethodNotAllowedError: 405,
     InvalidRequestError: 400,
+    AuthenticationError: 401,
+    PermissionDeniedError: 403,
+    RateLimitedError: 429,
     ModelNotFoundError: 404,
     RouteNotFoundError: 404,
     NotReadyError: 503,
@@ -84,7 +90,7 @@ def error_response(error: ServiceError, headers: dict[str, str] | None = None) -
     body = {"error": {"message": error.message, "type": error.type, "code": error.code}}
     if error.param:
         body["error"]["param"] = error.param
-    extra = dict(headers or {})
+    extra = dict(headers or {}) | error.headers()
     if isinstance(error, (NotReadyError, OverloadedError, UnavailableError)):
         extra.setdefault("Retry-After", str(RETRY_AFTER_S))
     return Response(

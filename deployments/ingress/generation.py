@@ -16,6 +16,7 @@ from fastapi import Request
 from ray.serve.handle import DeploymentResponseGenerator
 from starlette.responses import Response, StreamingResponse
 
+from deployments.ingress.access import admission
 from deployments.ingress.errors import as_service_error
 from deployments.ingress.retrieval import REQUEST_ID_HEADER, IngressPath
 from deployments.pipeline.card import MODEL
@@ -37,7 +38,8 @@ async def completions(ingress: IngressPath, request: Request, chat: bool) -> Res
     route = ingress._route(body.model, "/v1/chat/completions" if chat else "/v1/completions")
     timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress._config.request_timeout_s)
     deadline = time.time() + timeout
-    job = GenerationJob(body, deadline, request.headers.get(REQUEST_ID_HEADER, ""))
+    priority = admission().policy.priority
+    job = GenerationJob(body, deadline, request.headers.get(REQUEST_ID_HEADER, ""), priority)
     meta = CompletionMeta.new(route.model, chat)
     headers = {"X-Model-Version": route.lane.version}
     handle = ingress._handle(route.model, MODEL)
@@ -48,6 +50,7 @@ async def completions(ingress: IngressPath, request: Request, chat: bool) -> Res
             raise result.error
         if result.finish_reason is None or result.usage is None:
             raise ModelExecutionError("the generation ended without a finish")
+        ingress._charge(result.usage.prompt_tokens)
         payload = completion_body(meta, result.text, result.finish_reason, result.usage)
         return Response(payload, media_type=JSON, headers=headers)
     stream: DeploymentResponseGenerator = handle.options(stream=True).generate.remote(job)
@@ -59,7 +62,7 @@ async def completions(ingress: IngressPath, request: Request, chat: bool) -> Res
         stream.cancel()
         raise first.error
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(meta, first, stream, deadline, include_usage)
+    events = _events(meta, first, stream, deadline, include_usage, ingress._charge)
     return StreamingResponse(events, media_type="text/event-stream", headers=headers | SSE_HEADERS)
 
 
@@ -87,6 +90,7 @@ async def _events(
     stream: DeploymentResponseGenerator,
     deadline: float,
     include_usage: bool,
+    charge: Callable[[int], None],
 ) -> AsyncIterator[bytes]:
     delta, opening = first, True
     try:
@@ -98,6 +102,8 @@ async def _events(
                 yield chunk(meta, delta.text, None, first=opening)
                 opening = False
             if delta.finish_reason is not None:
+                if delta.usage is not None:
+                    charge(delta.usage.prompt_tokens)
                 yield chunk(meta, None, delta.finish_reason, first=False)
                 if include_usage and delta.usage is not None:
                     yield usage_chunk(meta, delta.usage)

@@ -60,6 +60,10 @@ class IngressPath(Protocol):
 
     def _route(self, model: str | None, path: str) -> Route: ...
 
+    def _authorize(self, model: str) -> None: ...
+
+    def _charge(self, input_tokens: int) -> None: ...
+
     def _options(self, request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions: ...
 
     async def _run(
@@ -131,6 +135,7 @@ async def tokenize(ingress: IngressPath, request: Request) -> Response:
     into ``prompt + text`` per input."""
     body = await ingress._body(request, TokenizeRequest)
     route = ingress._router.route(body.model)
+    ingress._authorize(route.model)
     lane = route.lane
     check_input_count(len(body.texts), ingress._limits.max_inputs_per_request)
     prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)

@@ -18,8 +18,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
-from deployments.config import IngressConfig, RouterArgs
+from deployments.access.gate import AccessGate
+from deployments.config import IngressConfig, RouterArgs, resolve_path
 from deployments.ingress import generation, retrieval
+from deployments.ingress.access import AccessControl, admission
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.api import api, body_doc
 from deployments.ingress.errors import (
@@ -30,6 +32,7 @@ from deployments.ingress.errors import (
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.ingress.routing import ModelRouter, Route
+from deployments.observability.metrics import tenant_input_tokens
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
@@ -72,6 +75,8 @@ HEALTH_TIMEOUT_S = 5.0
 # within this, with no redeploy of the router.
 CARD_REFRESH_S = 1.0
 CARD_TIMEOUT_S = 2.0
+# How often the ingress asks Serve how many ingress replicas run (each enforces 1/n of a tenant's limits).
+REPLICA_COUNT_S = 10.0
 
 log = logging.getLogger("textserve.ingress")
 
@@ -88,6 +93,10 @@ class Ingress:
         RequestAccounting.access_log = args.observability.access_log
         self._router = ModelRouter(args.models, args.default)
         self._limits = args.limits
+        keys_file = args.auth.keys_file
+        self._gate = AccessGate(resolve_path(keys_file) if keys_file else None)
+        self._auth = args.auth
+        AccessControl.gate = self._gate
         self._config = IngressConfig()
         self._in_flight = 0
         self._handles: dict[tuple[str, str], DeploymentHandle] = {}
@@ -118,9 +127,17 @@ class Ingress:
         await asyncio.gather(*(one(m) for m in self._router.models))
 
     async def _keep_cards_fresh(self) -> None:
+        last_keys = last_count = time.monotonic()
         while True:
             await asyncio.sleep(CARD_REFRESH_S)
             await self._refresh_cards()
+            now = time.monotonic()
+            if self._gate.enabled and now - last_keys >= self._auth.reload_interval_s:
+                last_keys = now
+                self._gate.reload_if_changed()  # a rotated key or policy takes effect with no restart
+            if self._gate.enabled and now - last_count >= REPLICA_COUNT_S:
+                last_count = now
+                self._gate.set_replicas(await _ingress_replicas())
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self._limits.max_body_bytes
@@ -165,7 +182,8 @@ class Ingress:
         options = dataclasses.replace(options, request_id=request_id)
         self._in_flight += 1
         lane = route.lane
-        model_request = ModelRequest(job, options, lane.version, lane.role, route.pinned)
+        priority = admission().policy.priority
+        model_request = ModelRequest(job, options, lane.version, lane.role, route.pinned, priority)
         answer = self._handle(route.model, MODEL).run.remote(model_request)
         result: SerializedResponse | ServiceError
         try:
@@ -192,10 +210,22 @@ class Ingress:
             if degraded is None or status_of(result) < 500:
                 return error_response(result)
             result, headers = degraded, {DEGRADED_HEADER: "true"}
-        elif self._fallback.enabled:
-            self._fallback.remember(key, result)
+        else:
+            self._charge(result.input_tokens)
+            if self._fallback.enabled:
+                self._fallback.remember(key, result)
         headers["X-Model-Version"] = result.model_version
         return Response(result.body, media_type=result.media_type, headers=headers)
+
+    def _authorize(self, model: str) -> None:
+        """403 unless the request's tenant may use ``model``."""
+        self._gate.check_model(admission(), model)
+
+    def _charge(self, input_tokens: int) -> None:
+        """Count an answer's input tokens against its tenant's tokens/min (and in the metrics)."""
+        tenant = admission().tenant
+        self._gate.charge(tenant, input_tokens)
+        tenant_input_tokens(tenant, input_tokens)
 
     async def _body(self, request: Request, schema: type[RequestT]) -> RequestT:
         return parse_body(await self._read_body(request), request.headers.get("content-type"), schema)
@@ -203,6 +233,7 @@ class Ingress:
     def _route(self, model: str | None, path: str) -> Route:
         """The request's model and version, refused (400) when the model's task has no such route."""
         route = self._router.route(model)
+        self._authorize(route.model)
         lane = route.lane
         if path not in lane.routes:
             raise UnsupportedTaskError(
@@ -295,7 +326,8 @@ class Ingress:
     async def models(self) -> Response:
         """Every served model by name (the default one marked), then each served version as
         ``name:version``, with its task, dimension or labels, max tokens, role and traffic share."""
-        body = {"object": "list", "data": self._router.entries()}
+        policy = admission().policy  # a tenant sees the models it may use
+        body = {"object": "list", "data": [e for e in self._router.entries() if policy.allows(e["id"])]}
         return Response(render(body, "application/json"), media_type="application/json")
 
     @api.get("/healthz")
@@ -325,3 +357,15 @@ class Ingress:
             "versions": versions,
         }
         return Response(render(body, "application/json"), media_type="application/json")
+
+
+async def _ingress_replicas() -> int:
+    """Running replicas of this ingress deployment; 1 when Serve cannot say."""
+    try:
+        context = serve.get_replica_context()
+        status = await asyncio.to_thread(serve.status)
+        deployment = status.applications[context.app_name].deployments[context.deployment]
+        return max(1, deployment.replica_states.get("RUNNING", 1))
+    except Exception as exc:
+        log.debug("ingress replica count unknown: %r", exc)
+        return 1

@@ -111,10 +111,35 @@ class IngressMetrics:
             tag_keys=("reason",),
         )
 
-    def answered(self, route: str, status: int, rejected_reason: str | None) -> None:
-        self.requests.inc(tags={"route": route, "status_code": str(status)})
+        self.tenant_requests = metrics.Counter(
+            "tenant_requests_total",
+            description="Answered requests by tenant (its name, never a key) and HTTP status code.",
+            tag_keys=("tenant", "status_code"),
+        )
+
+    def answered(self, route: str, status: int, rejected_reason: str | None, tenant: str) -> None:
+        code = str(status)
+        self.requests.inc(tags={"route": route, "status_code": code})
+        self.tenant_requests.inc(tags={"tenant": tenant, "status_code": code})
         if rejected_reason is not None:
             self.rejected.inc(tags={"reason": rejected_reason})
+
+
+_tenant_tokens: list[metrics.Counter] = []  # made on first use, once per ingress process
+
+
+def tenant_input_tokens(tenant: str, tokens: int) -> None:
+    """Input tokens a tenant's answered requests used (what its tokens/min limit counts)."""
+    if not _tenant_tokens:
+        _tenant_tokens.append(
+            metrics.Counter(
+                "tenant_input_tokens_total",
+                description="Input tokens of answered requests, by tenant.",
+                tag_keys=("tenant",),
+            )
+        )
+    if tokens > 0:
+        _tenant_tokens[0].inc(tokens, tags={"tenant": tenant})
 
 
 class GaugeRefresher:
@@ -191,6 +216,10 @@ def rejected_reason(code: str) -> str | None:
         return "deadline"
     if code in ("internal_error", "model_error"):
         return None
+    if code in ("invalid_api_key", "model_not_allowed"):
+        return "unauthorized"
+    if code == "rate_limit_exceeded":
+        return "rate_limited"
     if code in ("payload_too_large", "too_many_inputs", "input_too_long"):
         return "too_large"
     return "invalid"  # every other 4xx: bad input, unknown model or route, ...

@@ -116,6 +116,7 @@ class GeneratorDeployment:
                 params.max_new_tokens,
                 sampling,
                 lambda event: loop.call_soon_threadsafe(self._deliver, events, event),
+                job.priority,
             )
         except EngineFullError as exc:
             yield GenerationDelta(error=OverloadedError(f"generation queue is full ({exc}); retry shortly"))

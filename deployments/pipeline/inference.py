@@ -33,6 +33,7 @@ from deployments.pipeline.group_runner import (
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import create_runner
+from deployments.runtime.cpu_priority import lower_cpu_priority
 from postprocess.contracts import ModelIdentity
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import ServiceError, UnavailableError
@@ -110,6 +111,10 @@ class InferenceDeployment:
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        if self._runner.device_name == "cpu" and runtime.small_groups_in_pipeline and runtime.bulk_nice:
+            # Small (interactive) groups run in the Model replica; here the large (bulk) ones yield to them.
+            self._executor.submit(lambda: None).result()  # its thread exists: lowered with the rest
+            lower_cpu_priority(runtime.bulk_nice)
         self._apply(_DEFAULTS)
         self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
         self._metrics = InferenceMetrics(

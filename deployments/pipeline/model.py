@@ -20,6 +20,7 @@ from deployments.ingress.errors import as_service_error
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
 from deployments.pipeline.local_model import LocalModels
+from deployments.pipeline.priority import Priority, PriorityPolicy
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
 from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
@@ -91,13 +92,19 @@ class ModelDeployment:
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
         # when its window ends and then queues it for a slot: groups of one at a window of 0).
         self._groups: SlotBatcher[PipelineJob, Answer] = SlotBatcher(
-            self._pipeline, _DEFAULTS.max_group_size, _DEFAULTS.group_wait_timeout_s, MAX_GROUPS_IN_FLIGHT
+            self._pipeline,
+            _DEFAULTS.max_group_size,
+            _DEFAULTS.group_wait_timeout_s,
+            MAX_GROUPS_IN_FLIGHT,
+            priority_of=_priority,
+            priorities=_priorities(_DEFAULTS),
         )
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = PipelineConfig.model_validate(user_config)
         self._groups.max_batch_size = self._config.max_group_size
         self._groups.wait_s = self._config.group_wait_timeout_s
+        self._groups.scheduler.policy = _priorities(self._config)
 
     def card(self) -> ModelCard:
         share = self._config.candidate_share if len(self._order) > 1 else 0.0
@@ -123,7 +130,11 @@ class ModelDeployment:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
         self._local.start()
         job = PipelineJob(
-            request.tokenize, request.options, self._version_for(request), request.tokenize.request_id
+            request.tokenize,
+            request.options,
+            self._version_for(request),
+            request.tokenize.request_id,
+            request.priority,
         )
         try:
             return await self._groups.submit(job)
@@ -160,6 +171,12 @@ class ModelDeployment:
                 results[i] = result
         return results
 
+    def _beside_bulk(self, jobs: list[PipelineJob]) -> bool:
+        """An interactive group while bulk work holds the stage replicas stays here, whatever its size: in
+        the Tokenizer, Inference and Serializer queues (FIFO, their CPU priority lowered) it would wait
+        behind the bulk groups."""
+        return jobs[0].priority == "interactive" and self._groups.scheduler.in_flight["batch"] > 0
+
     async def _through_stages(self, jobs: list[PipelineJob], version: str) -> list[Answer]:
         served = self._versions.get(version)
         if served is None:  # the router's card predates a rollout: that version is gone
@@ -171,7 +188,7 @@ class ModelDeployment:
         tokenize = [j.tokenize for j in jobs]
         options = [j.options for j in jobs]
         decimals = self._config.float_decimals
-        inline = group_chars(tokenize) <= self._config.inline_chars
+        inline = group_chars(tokenize) <= self._config.inline_chars or self._beside_bulk(jobs)
         try:
             if inline:
                 encoded: list[Any] = self._tokenize[version].encode(tokenize)
@@ -200,3 +217,12 @@ class ModelDeployment:
         finally:
             group.release()
         return results
+
+
+def _priority(job: PipelineJob) -> Priority:
+    return job.priority
+
+
+def _priorities(config: PipelineConfig) -> PriorityPolicy:
+    """Bulk groups take at most one of the slots: the other is always there for interactive ones."""
+    return PriorityPolicy(batch_slots=MAX_GROUPS_IN_FLIGHT - 1, batch_min_share=config.batch_min_share)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from deployments.pipeline.card import Role
+from deployments.pipeline.priority import Priority
 from postprocess.contracts import ResponseOptions
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import ServiceError
@@ -37,6 +38,7 @@ class ModelRequest:
     version: str
     role: Role = "stable"
     pinned: bool = False
+    priority: Priority = "interactive"  # the tenant's class: which of its groups form first
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +49,7 @@ class PipelineJob:
     options: ResponseOptions
     version: str = ""  # the model version (lane) this request goes to
     request_id: str = ""
+    priority: Priority = "interactive"
     abandoned: bool = False
     group: RequestGroup | None = field(default=None, repr=False)
 

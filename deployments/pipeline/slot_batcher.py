@@ -6,16 +6,22 @@ runs, and a request that arrives meanwhile cannot join them. Here a batch forms 
 free: it takes everything queued then (up to the cap). The window stays a maximum, never a minimum: a free
 slot waits for company only while the batch is under the cap, and at most ``wait_s`` (0: never).
 Measured in docs/architecture.md.
+
+Items have a priority class (``priority_of``): a batch holds one class only, and which class forms the next
+batch is the ``PriorityScheduler``'s choice (interactive first, bulk with a guaranteed share).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from deployments.pipeline.priority import PRIORITIES, Priority, PriorityPolicy, PriorityScheduler
 
 log = logging.getLogger("textserve.batching")
 
@@ -29,6 +35,10 @@ class _Waiting(Generic[T, R]):
     future: asyncio.Future[R] = field(repr=False)
 
 
+def _interactive(_: object) -> Priority:
+    return "interactive"
+
+
 class SlotBatcher(Generic[T, R]):
     """``await batcher.submit(item)`` runs ``handler`` on a batch holding ``item``; every caller gets its own
     result, or the batch's exception. ``slots`` batches run at once."""
@@ -40,16 +50,20 @@ class SlotBatcher(Generic[T, R]):
         wait_s: float = 0.0,
         slots: int = 1,
         size_fn: Callable[[list[T]], int] = len,
+        priority_of: Callable[[T], Priority] = _interactive,
+        priorities: PriorityPolicy | None = None,
     ) -> None:
         """``size_fn``: a batch's size against ``max_batch_size`` (default: items); a first item over the cap
-        still runs, alone."""
+        still runs, alone. ``priorities``: default, bulk batches may take every slot but one."""
         self._handler = handler
         self._size = size_fn
+        self._priority_of = priority_of
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
         self._slots = slots
-        self._queue: deque[_Waiting[T, R]] = deque()
-        self._arrived: asyncio.Event | None = None
+        self.scheduler = PriorityScheduler(priorities or PriorityPolicy(batch_slots=max(1, slots - 1)))
+        self._queues: dict[Priority, deque[_Waiting[T, R]]] = {p: deque() for p in PRIORITIES}
+        self._changed: asyncio.Event | None = None  # an arrival, or a slot freed
         self._workers: list[asyncio.Task[None]] = []
         self.sizes: deque[int] = deque(maxlen=256)  # recent batch sizes, for stats and tests
 
@@ -57,67 +71,80 @@ class SlotBatcher(Generic[T, R]):
         if not self._workers:
             self._start()
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Waiting(item, future))
-        assert self._arrived is not None
-        self._arrived.set()
+        self._queues[self._priority_of(item)].append(_Waiting(item, future))
+        assert self._changed is not None
+        self._changed.set()
         return await future  # a cancelled caller's future is skipped when its batch forms
 
     def _start(self) -> None:
-        self._arrived = asyncio.Event()
+        self._changed = asyncio.Event()
         self._workers = [asyncio.get_running_loop().create_task(self._slot()) for _ in range(self._slots)]
 
-    async def _take(self) -> list[_Waiting[T, R]]:
-        assert self._arrived is not None
-        while not self._live():
-            self._arrived.clear()
-            await self._arrived.wait()
-        if self.wait_s > 0 and self._queued_size() < self.max_batch_size:
+    async def _take(self) -> tuple[Priority, list[_Waiting[T, R]]]:
+        assert self._changed is not None
+        while (priority := self.scheduler.choose({p for p in PRIORITIES if self._live(p)})) is None:
+            self._changed.clear()
+            await self._changed.wait()
+        self.scheduler.started(priority)  # now, before the window: the other slots see its cap taken
+        if self.wait_s > 0 and self._queued_size(priority) < self.max_batch_size:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.wait_s
-            while self._queued_size() < self.max_batch_size and (left := deadline - loop.time()) > 0:
-                self._arrived.clear()
+            while self._queued_size(priority) < self.max_batch_size and (left := deadline - loop.time()) > 0:
+                self._changed.clear()
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), left)
+                    await asyncio.wait_for(self._changed.wait(), left)
                 except asyncio.TimeoutError:
                     break
+        queue = self._queues[priority]
         batch: list[_Waiting[T, R]] = []
-        while self._live():
-            waiting = self._queue[0]  # _live dropped the cancelled ones ahead of it
+        while self._live(priority):
+            waiting = queue[0]  # _live dropped the cancelled ones ahead of it
             if batch and self._size([w.item for w in [*batch, waiting]]) > self.max_batch_size:
                 break  # it starts the next batch
-            batch.append(self._queue.popleft())
-        return batch
+            batch.append(queue.popleft())
+        return priority, batch
 
-    def _queued_size(self) -> int:
-        items = [w.item for w in self._queue if not w.future.done()]
+    def _queued_size(self, priority: Priority) -> int:
+        items = [w.item for w in self._queues[priority] if not w.future.done()]
         return self._size(items) if items else 0
 
-    def _live(self) -> bool:
-        while self._queue and self._queue[0].future.done():
-            self._queue.popleft()
-        return bool(self._queue)
+    def _live(self, priority: Priority) -> bool:
+        queue = self._queues[priority]
+        while queue and queue[0].future.done():
+            queue.popleft()
+        return bool(queue)
 
     async def _slot(self) -> None:
         while True:
-            batch = await self._take()
+            priority, batch = await self._take()
+            start = time.monotonic()
             if not batch:
+                self.scheduler.finished(priority, 0.0)
                 continue
             self.sizes.append(len(batch))
             try:
-                results = await self._handler([w.item for w in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
-            except Exception as exc:  # every caller of the batch gets the error; nobody hangs
-                log.exception("a batch of %d failed as a whole", len(batch))
-                for w in batch:
-                    if not w.future.done():
-                        w.future.set_exception(exc)
-                continue
-            except asyncio.CancelledError:
-                for w in batch:
-                    if not w.future.done():
-                        w.future.cancel()
-                raise
-            for w, result in zip(batch, results, strict=True):
+                await self._run(batch)
+            finally:
+                self.scheduler.finished(priority, time.monotonic() - start)
+                assert self._changed is not None
+                self._changed.set()  # a slot is free: a class held back by its slot cap may go
+
+    async def _run(self, batch: list[_Waiting[T, R]]) -> None:
+        try:
+            results = await self._handler([w.item for w in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
+        except Exception as exc:  # every caller of the batch gets the error; nobody hangs
+            log.exception("a batch of %d failed as a whole", len(batch))
+            for w in batch:
                 if not w.future.done():
-                    w.future.set_result(result)
+                    w.future.set_exception(exc)
+            return
+        except asyncio.CancelledError:
+            for w in batch:
+                if not w.future.done():
+                    w.future.cancel()
+            raise
+        for w, result in zip(batch, results, strict=True):
+            if not w.future.done():
+                w.future.set_result(result)

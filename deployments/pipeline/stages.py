@@ -17,6 +17,7 @@ from deployments.config import ObservabilityConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.cpu_priority import lower_cpu_priority
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import ServiceError
@@ -29,8 +30,13 @@ INLINE_CHARS = 16384  # characters to tokenize (~0.5 ms)
 INLINE_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of smaller ones)
 
 
-def _stage_threads(name: str) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
+def _stage_threads(name: str, nice: int) -> ThreadPoolExecutor:
+    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
+    if nice:  # its threads exist first, then every thread of the replica is lowered
+        for done in [threads.submit(lambda: None) for _ in range(2)]:
+            done.result()
+        lower_cpu_priority(nice)
+    return threads
 
 
 @serve.deployment(  # max_surge_percent: blue-green, deployments/pipeline/model.py says why
@@ -41,9 +47,10 @@ def _stage_threads(name: str) -> ThreadPoolExecutor:
     max_surge_percent=100,
 )
 class TokenizerDeployment:
-    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig) -> None:
+    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig, nice: int = 0) -> None:
+        """``nice``: runtime.bulk_nice (this replica sees only groups too large for the pipeline's loop)."""
         self._work = TokenizeWork(model, setup_replica(observability))
-        self._threads = _stage_threads("tokenize")
+        self._threads = _stage_threads("tokenize", nice)
 
     async def encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
         if group_chars(jobs) <= INLINE_CHARS:
@@ -59,10 +66,12 @@ class TokenizerDeployment:
     max_surge_percent=100,
 )
 class SerializerDeployment:
-    def __init__(self, observability: ObservabilityConfig, models: list[ResolvedModel]) -> None:
+    def __init__(
+        self, observability: ObservabilityConfig, models: list[ResolvedModel], nice: int = 0
+    ) -> None:
         """``models``: the served versions, whose manifests hold their int8 ranges."""
         self._work = SerializeWork(setup_replica(observability), models)
-        self._threads = _stage_threads("serialize")
+        self._threads = _stage_threads("serialize", nice)
 
     async def serialize(
         self,

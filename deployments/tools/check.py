@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema  # imports no running Ray
 
+from deployments.access.tenants import TenantsFile
 from deployments.config import (
     PROJECT_ROOT,
     BatchingConfig,
@@ -24,6 +25,7 @@ from deployments.config import (
     ModelAppArgs,
     PipelineConfig,
     RouterArgs,
+    resolve_path,
 )
 from deployments.pipeline.card import INFERENCE, MODEL, SERIALIZER, TOKENIZER
 from deployments.repository.manifest import ManifestError
@@ -73,6 +75,15 @@ def _model_lines(app: ServeApplicationSchema) -> list[str]:
     return lines
 
 
+def _auth_line(router: RouterArgs) -> str:
+    """The tenants file read as the ingress will read it (a missing or broken one refuses to start)."""
+    if router.auth.keys_file is None:
+        return "; no API keys (every request is tenant 'anonymous')"
+    tenants = TenantsFile.read(resolve_path(router.auth.keys_file))
+    keys = sum(len(t.keys) for t in tenants.tenants.values())
+    return f"; API keys on: {len(tenants.tenants)} tenants, {keys} keys"
+
+
 def check_config(path: Path) -> list[str]:
     """Return one summary line per served model version; raise on the first problem."""
     schema = ServeDeploySchema.model_validate(yaml.safe_load(path.read_text()))
@@ -85,7 +96,7 @@ def check_config(path: Path) -> list[str]:
             missing = [m for m in router.models if m not in model_apps]
             if missing:
                 raise ValueError(f"router {app.name!r} routes to {missing}, which no application serves")
-            lines.append(f"{app.name}: routes {router.models}, default {router.default}")
+            lines.append(f"{app.name}: routes {router.models}, default {router.default}{_auth_line(router)}")
         elif app.import_path == MODEL_APP:
             lines.extend(_model_lines(app))
         else:

@@ -38,6 +38,8 @@ SERVICE_METRICS: dict[str, str] = {
     "ray_serialize_ms": HISTOGRAM,
     "ray_requests_total": COUNTER,  # route ("embeddings", "predict"), status_code ("200", "503", ...)
     "ray_rejected_total": COUNTER,  # reason ("overloaded", "deadline", "too_large", "invalid", ...)
+    "ray_tenant_requests_total": COUNTER,  # tenant (its name; "anonymous" without keys), status_code
+    "ray_tenant_input_tokens_total": COUNTER,  # tenant
     "ray_gpu_utilization_percent": GAUGE,  # device; absent without a GPU
     "ray_gpu_memory_used_bytes": GAUGE,  # device; absent without a GPU
     "ray_model_info": GAUGE,  # = 1; model, version, backend, device
@@ -48,7 +50,9 @@ GPU_METRICS = frozenset({"ray_gpu_utilization_percent", "ray_gpu_memory_used_byt
 # [Candidate]Inference, Serializer). Ray Serve's HTTP series are the router's too (the only application with
 # a route); its per-deployment series come from every application.
 ROUTER_APPLICATION = "textserve"
-ROUTER_METRICS = frozenset({"ray_requests_total", "ray_rejected_total"})
+ROUTER_METRICS = frozenset(
+    {"ray_requests_total", "ray_rejected_total", "ray_tenant_requests_total", "ray_tenant_input_tokens_total"}
+)
 MODEL_METRICS = frozenset(SERVICE_METRICS) - ROUTER_METRICS
 RAY_SERVE_HTTP_METRICS = frozenset(
     {

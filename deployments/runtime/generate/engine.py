@@ -28,10 +28,12 @@ from transformers import DynamicCache, PreTrainedModel
 
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
+from preprocess.contracts import Priority
 
 log = logging.getLogger("textserve.generate")
 
 Finish = Literal["stop", "length", "cancelled", "error"]
+BATCH_TURN = 4  # a waiting bulk request gets at least every 4th admission (a quarter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +104,13 @@ class Engine:
         self._on_step = on_step  # (rows, seconds) of each decode step: metrics
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._waiting: collections.deque[_Sequence] = collections.deque()
+        # Waiting requests by their tenant's class: interactive ones are admitted first, but every
+        # BATCH_TURN-th admission goes to a waiting bulk one (it is never starved).
+        self._waiting: dict[Priority, collections.deque[_Sequence]] = {
+            "interactive": collections.deque(),
+            "batch": collections.deque(),
+        }
+        self._since_batch = 0  # admissions since the last bulk one
         self._prefilling: list[_Sequence] = []
         self._running: list[_Sequence] = []
         self._batch = KVBatch(self.device)
@@ -113,7 +121,13 @@ class Engine:
 
     # ---- called from any thread ----
     def submit(
-        self, request_id: str, prompt: list[int], max_new_tokens: int, sampling: Sampling, sink: Sink
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_new_tokens: int,
+        sampling: Sampling,
+        sink: Sink,
+        priority: Priority = "interactive",
     ) -> None:
         if not prompt or max_new_tokens < 1:
             raise ValueError("a request needs a prompt and max_new_tokens >= 1")
@@ -121,9 +135,9 @@ class Engine:
         if seq.reserve > self.limits.kv_cache_tokens:
             raise ValueError(f"{seq.reserve} tokens do not fit the KV cache ({self.limits.kv_cache_tokens})")
         with self._lock:
-            if len(self._waiting) >= self.limits.max_waiting:
+            if self._queued() >= self.limits.max_waiting:
                 raise EngineFullError(f"{self.limits.max_waiting} requests already wait")
-            self._waiting.append(seq)
+            self._waiting[priority].append(seq)
         self._wake.set()
 
     def cancel(self, request_id: str) -> None:
@@ -133,7 +147,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            waiting = len(self._waiting) + len(self._prefilling)
+            waiting = self._queued() + len(self._prefilling)
         batch = self._batch
         return EngineStats(len(self._running), waiting, batch.slots, self.limits.kv_cache_tokens, self._steps)
 
@@ -192,9 +206,10 @@ class Engine:
             if not self._cancelled:
                 return
             gone, self._cancelled = self._cancelled, {}
-            kept = [s for s in self._waiting if s.request_id not in gone]
-            dropped = [s for s in self._waiting if s.request_id in gone]
-            self._waiting = collections.deque(kept)
+            dropped = []
+            for priority, queue in self._waiting.items():
+                dropped += [s for s in queue if s.request_id in gone]
+                self._waiting[priority] = collections.deque(s for s in queue if s.request_id not in gone)
         dropped += [s for s in self._prefilling if s.request_id in gone]
         self._prefilling = [s for s in self._prefilling if s.request_id not in gone]
         rows = [i for i, s in enumerate(self._running) if s.request_id not in gone]
@@ -208,15 +223,25 @@ class Engine:
 
     def _admit(self) -> None:
         with self._lock:
-            while self._waiting:
-                seq = self._waiting[0]
+            while (queue := self._next_queue()) is not None:
+                seq = queue[0]
                 active = self._running + self._prefilling + [seq]
                 if len(active) > self.limits.max_running:
                     return
                 # Rows are padded to the longest: reserve every row at the longest whole generation.
                 if len(active) * max(s.reserve for s in active) > self.limits.kv_cache_tokens:
                     return
-                self._prefilling.append(self._waiting.popleft())
+                self._prefilling.append(queue.popleft())
+                self._since_batch = 0 if queue is self._waiting["batch"] else self._since_batch + 1
+
+    def _next_queue(self) -> collections.deque[_Sequence] | None:
+        interactive, batch = self._waiting["interactive"], self._waiting["batch"]
+        if batch and (not interactive or self._since_batch >= BATCH_TURN - 1):
+            return batch
+        return interactive or None
+
+    def _queued(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
 
     def _prefill(self) -> None:
         budget = self.limits.prefill_chunk_tokens

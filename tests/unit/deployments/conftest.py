@@ -15,6 +15,7 @@ from tests.support.manifests import (
     _model_dir,
     _write_manifest,
 )
+from tests.support.tenants import clock, tenants  # noqa: F401  (fixtures of the access tests)
 
 
 @pytest.fixture

@@ -83,6 +83,8 @@ def test_every_ray_document_validates_against_its_crd() -> None:
     assert {"rayservice.base.yaml", *(out.name for _, out in MANIFESTS)} <= {name for name, _ in docs}
     for name, doc in docs:
         assert crd_errors(doc) == [], f"{name} does not match the KubeRay CRD"
+        # Optional in the CRD, required here: Ray's token (k8s/README.md, test_pod_security.py).
+        assert (cluster(doc).get("authOptions") or {}).get("mode") == "token", f"{name}: no Ray token auth"
 
 
 def _set(doc: dict[str, Any], path: str, value: Any) -> None:
@@ -111,6 +113,8 @@ WORKER = "spec.rayClusterConfig.workerGroupSpecs.0"
             "spec.rayClusterConfig.enableInTreeAutoscaling",
         ),
         ("spec.serveConfigV2", {"applications": []}, "spec.serveConfigV2"),  # structured, not a string
+        ("spec.rayClusterConfig.authOptions.mode", "Token", "spec.rayClusterConfig.authOptions.mode"),  # enum
+        ("spec.rayClusterConfig.authOptions.secret", "x", "spec.rayClusterConfig.authOptions"),  # secretName
     ],
 )
 def test_broken_copies_are_rejected(

@@ -228,6 +228,10 @@ def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
     for code in ("200", "503"):
         out.append(("ray_requests_total", {**router, "route": "embeddings", "status_code": code}, COUNTER))
     out.append(("ray_rejected_total", {**router, "reason": "overloaded"}, COUNTER))
+    for tenant, code in (("search", "200"), ("bulk", "429")):
+        tags = {**router, "tenant": tenant, "status_code": code}
+        out.append(("ray_tenant_requests_total", tags, COUNTER))
+    out.append(("ray_tenant_input_tokens_total", {**router, "tenant": "search"}, COUNTER))
     out.append(("ray_serve_http_request_latency_ms", {**http, "status_code": "200"}, HISTOGRAM))
     out.append(("ray_serve_num_http_requests_total", {**http, "status_code": "200"}, COUNTER))
     out.append(("ray_serve_num_http_error_requests_total", {**http, "error_code": "503"}, COUNTER))

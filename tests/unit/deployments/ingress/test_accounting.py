@@ -18,9 +18,11 @@ from preprocess.errors import DeadlineExceededError, OverloadedError, PayloadToo
 class Recorder:
     def __init__(self) -> None:
         self.calls: list[tuple[str, int, str | None]] = []
+        self.tenants: list[str] = []
 
-    def answered(self, route: str, status: int, reason: str | None) -> None:
+    def answered(self, route: str, status: int, reason: str | None, tenant: str) -> None:
         self.calls.append((route, status, reason))
+        self.tenants.append(tenant)
 
 
 def _serve(app: Any, path: str) -> Recorder:

@@ -23,7 +23,7 @@ from deployments.pipeline.stage_work import SerializeWork, TokenizeWork
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.backends import create_runner
 from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
-from preprocess.contracts import EncodedTexts, TokenizeJob
+from preprocess.contracts import EncodedTexts, Priority, TokenizeJob
 from preprocess.errors import InputTooLongError, ServiceError
 
 
@@ -106,6 +106,26 @@ def test_a_large_group_goes_to_the_stage_replicas_with_the_same_answers(pipeline
     inline = _run(deployment, texts)
     assert (tokenizer.encode.calls, serializer.serialize.calls) == (1, 1)  # no new calls
     assert [a.body for a in offloaded] == [a.body for a in inline]  # type: ignore[union-attr]
+
+
+def test_a_large_interactive_group_stays_here_while_bulk_work_holds_the_stages(pipeline) -> None:
+    deployment, tokenizer, serializer = pipeline
+    texts = [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(12)]  # over inline_chars
+    options = ResponseOptions(route="embeddings")
+    deployment._groups.scheduler.started("batch")  # a bulk group is in the stages
+
+    def run(priority: Priority) -> None:
+        jobs = [PipelineJob(TokenizeJob(t), options, version="1", priority=priority) for t in texts]
+        answers = asyncio.run(deployment._through_stages(jobs, "1"))
+        assert all(isinstance(a, SerializedResponse) for a in answers)
+
+    run("interactive")
+    assert (tokenizer.encode.calls, serializer.serialize.calls) == (0, 0)  # not queued behind the bulk
+    run("batch")
+    assert (tokenizer.encode.calls, serializer.serialize.calls) == (1, 1)
+    deployment._groups.scheduler.finished("batch", 1.0)
+    run("interactive")  # no bulk work now: the stages' batching is the better place for it
+    assert (tokenizer.encode.calls, serializer.serialize.calls) == (2, 2)
 
 
 def test_inline_chars_zero_sends_every_group_to_the_stages(pipeline) -> None:

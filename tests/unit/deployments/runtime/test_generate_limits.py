@@ -120,6 +120,22 @@ def test_admission_waits_for_a_free_row(gpt2: PreTrainedModel) -> None:
     assert_greedy_parity(gpt2, events, reqs)
 
 
+def test_interactive_requests_are_admitted_first_and_bulk_gets_every_fourth_turn(
+    gpt2: PreTrainedModel,
+) -> None:
+    engine = Engine(gpt2, (), EngineLimits(max_running=1))
+    events = Events()
+    engine.submit("bulk-0", prompt(4, seed=700), 1, GREEDY, events, "batch")
+    engine.submit("bulk-1", prompt(4, seed=701), 1, GREEDY, events, "batch")
+    for i in range(5):
+        engine.submit(f"query-{i}", prompt(4, seed=710 + i), 1, GREEDY, events, "interactive")
+    while step(engine):
+        pass
+    order = [e.request_id for e in events.all if e.finish is not None]
+    # One row: admissions in order. Interactive first; the 4th admission is a waiting bulk one's.
+    assert order == ["query-0", "query-1", "query-2", "bulk-0", "query-3", "query-4", "bulk-1"]
+
+
 def test_submit_refuses_what_cannot_fit(gpt2: PreTrainedModel) -> None:
     engine = Engine(gpt2, (), EngineLimits(kv_cache_tokens=64, max_waiting=2))
     events = Events()

@@ -151,3 +151,14 @@ def test_the_generate_example_passes_and_shows_its_generator(capsys):
     assert shown["Model"]["ray_actor_options"] == {"num_cpus": 0.5}  # written in the example
     assert shown["args"]["generation"]["max_running"] == 16  # the example's choice
     assert shown["args"]["generation"]["prefill_chunk_tokens"] == 256
+
+
+def test_the_tenants_file_is_read_as_the_ingress_will_and_a_missing_one_fails(tmp_path, capsys, tenants):
+    _copy_default_manifest(tmp_path / "repo")
+    config = _config_with_repository(tmp_path, tmp_path / "repo")
+    _app(config, ROUTER)["args"]["auth"] = {"keys_file": str(tenants.path)}
+    assert main([str(_write(tmp_path, config))]) == 0
+    assert "API keys on: 2 tenants, 2 keys" in capsys.readouterr().out
+    _app(config, ROUTER)["args"]["auth"] = {"keys_file": str(tmp_path / "absent.yaml")}
+    assert main([str(_write(tmp_path, config))]) == 1
+    assert "absent.yaml" in capsys.readouterr().err

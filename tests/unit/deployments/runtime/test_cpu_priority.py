@@ -1,0 +1,33 @@
+"""A bulk replica's threads, existing and later ones, run at the lowered CPU priority (in a child process:
+niceness cannot be raised back)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CHILD = """
+import json, os, threading
+from deployments.runtime.cpu_priority import lower_cpu_priority
+before = threading.Thread(target=threading.Event().wait, daemon=True)
+before.start()
+changed = lower_cpu_priority(7)
+seen = {}
+def later():
+    seen["later"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+t = threading.Thread(target=later)
+t.start(); t.join()
+seen["main"] = os.getpriority(os.PRIO_PROCESS, 0)
+seen["before"] = os.getpriority(os.PRIO_PROCESS, before.native_id)
+seen["changed"] = changed
+seen["again"] = lower_cpu_priority(3)  # never raised back
+print(json.dumps(seen))
+"""
+
+
+def test_every_thread_now_and_later_runs_lowered_and_it_is_never_raised_back():
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["main"] == seen["before"] == seen["later"] == 7
+    assert seen["changed"] >= 2 and seen["again"] == 0
