@@ -26,6 +26,7 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 CLASSIFIER = "tiny-sentiment"  # a model application of its own, routed by the session's router
 BROKEN_APP = "broken-embedder"
 DEPLOY_TIMEOUT_S = 240
+SESSION_CLIENT_TIMEOUT_S = 10  # HAProxy's `timeout client` in the test session (shipped: 30)
 
 
 class ServeHarness:
@@ -167,7 +168,6 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     import ray
-    from ray import serve
 
     port = free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
@@ -179,6 +179,9 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     if controller_env is not None:
         controller_env["RAY_SERVE_HAPROXY_STATS_PORT"] = str(free_port())
         controller_env["RAY_SERVE_HAPROXY_METRICS_PORT"] = str(free_port())
+        # A shorter client timeout than the shipped 30 s, so that the slow-client test waits 10 s, not 30
+        # (test_local_exposure.py reads the session's value; the shipped one is checked there too).
+        controller_env["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] = str(SESSION_CLIENT_TIMEOUT_S)
     router, template = config["applications"]
     assert router["name"] == APP and template["name"] == DEFAULT_MODEL
     # The classifier is routed by the session's router (requests name it); every request to it is traced
@@ -213,7 +216,14 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     )
     harness.wait_routed(DEFAULT_MODEL, CLASSIFIER)
     yield harness
-    serve.shutdown()
+    # Serve's controller never finishes its graceful shutdown here within serve.shutdown()'s 30 s (it
+    # times out every session): ray.shutdown() stops every process anyway, so give it 5 s.
+    from ray.serve.context import _get_global_client, _set_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is not None:
+        client.shutdown(timeout_s=5)
+        _set_global_client(None)
     ray.shutdown()
 
 

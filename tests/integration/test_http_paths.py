@@ -62,12 +62,14 @@ def test_haproxy_is_in_front_of_the_shipped_config(base_url: str) -> None:
     assert f"127.0.0.1:{port}" in Path(cfg_path).read_text()
 
 
+@pytest.mark.slow  # a private Ray instance for Serve's Python proxy: ~1 min
 def test_the_python_proxy_runs_without_haproxy(proxy: RayServeService) -> None:
     assert proxy.session_id is not None
     mine = [p for p in procs.find_leftovers(proxy.session_id) if "/haproxy " in procs.cmdline(p) + " "]
     assert mine == [], "the Python-proxy variant started an HAProxy"
 
 
+@pytest.mark.slow  # a private Ray instance for Serve's Python proxy: ~1 min
 def test_same_answers_on_both_paths(client: httpx.Client, http: httpx.Client) -> None:
     texts = ["hello world", "A much longer sentence about serving embeddings over HTTP, fast."]
     body = {"input": texts, "model": MODEL}
@@ -84,6 +86,7 @@ def test_same_answers_on_both_paths(client: httpx.Client, http: httpx.Client) ->
     assert via_proxy.json()["usage"] == shipped.json()["usage"]
 
 
+@pytest.mark.slow  # a private Ray instance for Serve's Python proxy: ~1 min
 @pytest.mark.parametrize("path", ["proxy", "shipped"])
 def test_errors_keep_the_service_format(path: str, client: httpx.Client, http: httpx.Client) -> None:
     c = client if path == "proxy" else http
@@ -97,6 +100,7 @@ def test_errors_keep_the_service_format(path: str, client: httpx.Client, http: h
     assert garbage.status_code == 400 and garbage.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.slow  # a private Ray instance for Serve's Python proxy: ~1 min
 def test_concurrent_requests_each_get_their_own_answer(client: httpx.Client) -> None:
     texts = [f"request number {i} about {'many ' * (i % 7)}things" for i in range(48)]
 

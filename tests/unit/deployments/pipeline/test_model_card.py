@@ -101,7 +101,9 @@ def _encode(model: ResolvedModel, text: str):
 def test_inference_refuses_ids_made_by_another_tokenizer(versions):
     """During a rolling update one version's tokenizer may meet the other's model: never run those ids."""
     model = versions[0]
-    inference = InferenceDeployment.func_or_class(model, "cpu", RuntimeConfig(), ObservabilityConfig())
+    # bulk_nice 0: a replica lowers its own CPU priority, which here would be the test process's
+    runtime = RuntimeConfig(bulk_nice=0)
+    inference = InferenceDeployment.func_or_class(model, "cpu", runtime, ObservabilityConfig())
     batched = []
 
     async def batch(queued):  # Serve's batch queue needs a replica; what reaches it is the point here
