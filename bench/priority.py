@@ -173,6 +173,7 @@ def report(results: list[Result], args: argparse.Namespace, info: dict[str, obje
             ("rate", args.rate),
             ("bulk_clients", args.bulk_clients),
             ("bulk_texts", args.bulk_texts),
+            ("bulk_nice", args.bulk_nice),
         )
     )
     return "\n".join(
@@ -209,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--bulk-nice", type=int, default=19, help="runtime.bulk_nice of the phases with priorities (0: off)"
+    )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / ".bench" / "priority")
     parser.add_argument("--doc", type=Path, help="also put the report between this benchmark's markers")
     args = parser.parse_args(argv)
@@ -219,7 +223,13 @@ def main(argv: list[str] | None = None) -> None:
     keys.set_policy(tenants, "bulk", {"priority": "batch"})
     made = {name: keys.add_key(tenants, name, None) for name in ("search", "bulk")}
     variant = ServiceVariant(
-        "service", args.config, args={"auth.keys_file": str(tenants), "auth.reload_interval_s": RELOAD_S}
+        "service",
+        args.config,
+        args={
+            "auth.keys_file": str(tenants),
+            "auth.reload_interval_s": RELOAD_S,
+            "runtime.bulk_nice": args.bulk_nice,
+        },
     )
     results: list[Result] = []
     with RayServeService(variant, args.out) as service:

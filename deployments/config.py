@@ -125,14 +125,16 @@ class RuntimeConfig(_Frozen):
         "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
     )
     bulk_nice: int = Field(
-        default=19,
+        default=0,
         ge=0,
         le=19,
         description="The OS niceness of the replicas that only see large groups: Tokenizer and Serializer "
         "(groups over inline_chars), and on a CPU with small_groups_in_pipeline Inference too. The Model "
         "replica does the small (interactive) groups' work itself, so under contention it gets the cores "
         "first; alone, those replicas run at full speed. Ray starts its workers at 15: only 16-19 change "
-        "anything (19: about 30 % of a shared core against the Model replica's 70 %). 0 turns it off.",
+        "anything (19: about 30 % of a shared core against the Model replica's 70 %). Off by default: at 19 "
+        "a large request of any tenant also yields to Ray's own processes (a 256-text request ran past its "
+        "30 s deadline in the test session); for CPU deployments that share cores with bulk tenants.",
     )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
