@@ -113,8 +113,7 @@ class InferenceDeployment:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         if self._runner.device_name == "cpu" and runtime.small_groups_in_pipeline and runtime.bulk_nice:
             # Small (interactive) groups run in the Model replica; here the large (bulk) ones yield to them.
-            self._executor.submit(lambda: None).result()  # its thread exists: lowered with the rest
-            lower_cpu_priority(runtime.bulk_nice)
+            lower_cpu_priority(runtime.bulk_nice)  # threads made later (the model's) inherit it
         self._apply(_DEFAULTS)
         self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size)
         self._metrics = InferenceMetrics(

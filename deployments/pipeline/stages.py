@@ -31,12 +31,9 @@ INLINE_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of sm
 
 
 def _stage_threads(name: str, nice: int) -> ThreadPoolExecutor:
-    threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
-    if nice:  # its threads exist first, then every thread of the replica is lowered
-        for done in [threads.submit(lambda: None) for _ in range(2)]:
-            done.result()
+    if nice:  # the pool's threads, made later, inherit it from the thread that makes them
         lower_cpu_priority(nice)
-    return threads
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
 
 
 @serve.deployment(  # max_surge_percent: blue-green, deployments/pipeline/model.py says why
