@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs the private Ray instance advertises")
     p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="every system's weights and compute: the service's model config, transformers serve's --dtype, "
+        "the naive endpoint's, the reference and the design rows (default fp32)",
+    )
+    p.add_argument(
         "--model-dir",
         type=Path,
         default=None,
@@ -163,7 +170,7 @@ def model_name(model_dir: Path) -> str:
     return model_dir.resolve().parent.name
 
 
-def describe_model(model_dir: Path) -> dict[str, Any]:
+def describe_model(model_dir: Path, precision: str = "fp32") -> dict[str, Any]:
     import json
 
     config = json.loads((model_dir / "config.json").read_text())
@@ -182,7 +189,7 @@ def describe_model(model_dir: Path) -> dict[str, Any]:
         if k in config
     }
     text = ", ".join(f"{k} {v}" for k, v in shape.items())
-    return {"dir": str(model_dir), "describe": f"`{model_dir}` ({text}), fp32", **shape}
+    return {"dir": str(model_dir), "describe": f"`{model_dir}` ({text}), {precision}", **shape}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         command="python -m bench.generate " + " ".join(shlex.quote(a) for a in argv),
         machine=machine.machine_info(root=ROOT),
         options=options,
-        model=describe_model(ns.model_dir),
+        model=describe_model(ns.model_dir, ns.precision),
         prompts=prompt_info,
         started_at=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
@@ -222,13 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         from bench.generate_inprocess import design_rows
 
         log("design rows (in process):")
-        run.design_rows = design_rows(ns.model_dir, ns.new_tokens, log=log)
+        run.design_rows = design_rows(ns.model_dir, ns.new_tokens, log=log, precision=ns.precision)
         gc.collect()
     refs = reference_texts(
-        ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]]
+        ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]], ns.precision
     )
     for name in ns.systems:
-        what = WHAT[name].format(config=ns.config, version=systems.transformers_version(), flags=ns.ts_flags)
+        what = WHAT[name].format(
+            config=ns.config,
+            version=systems.transformers_version(),
+            flags=ns.ts_flags,
+            dtype=systems.TS_DTYPES[ns.precision],
+        )
         entry = stats.SystemRun(name, what)
         run.systems.append(entry)
         log(f"{name}: starting ...")

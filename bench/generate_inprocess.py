@@ -1,4 +1,5 @@
-"""The design's rows, in process (no HTTP): the bench model, fp32, greedy, 100 new tokens from a short prompt.
+"""The design's rows, in process (no HTTP): the bench model in the run's precision, greedy, 100 new
+tokens from a short prompt.
 
 - ``no-cache``: ``model.generate(use_cache=False)`` (every step recomputes the whole sequence);
 - ``cache``: ``model.generate()`` with its KV cache;
@@ -25,13 +26,10 @@ PROMPT = "The quick brown fox jumps over"
 T = TypeVar("T")
 
 
-def load(model_dir: Path) -> tuple[Any, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
+    from bench.naive_generate_server import load as load_model
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    return tokenizer, model
+    return load_model(model_dir, precision)
 
 
 def _generate(model: Any, ids: Any, new_tokens: int, use_cache: bool) -> float:
@@ -112,10 +110,12 @@ def in_thread(fn: Callable[[], T]) -> T:
     return out[0]
 
 
-def design_rows(model_dir: Path, new_tokens: int = 100, batch: int = 4, log: Any = print) -> list[DesignRow]:
+def design_rows(
+    model_dir: Path, new_tokens: int = 100, batch: int = 4, log: Any = print, precision: str = "fp32"
+) -> list[DesignRow]:
     import torch
 
-    tokenizer, model = load(model_dir)
+    tokenizer, model = load(model_dir, precision)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     prompt = ids[0].tolist()
     in_thread(lambda: _generate(model, ids, 8, True))  # warm-up

@@ -61,13 +61,13 @@ def build_prompts(
     return mix, info
 
 
-def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt]) -> list[str]:
-    """Greedy ``model.generate`` answers to ``prompts`` (the output check's reference)."""
+def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt], precision: str = "fp32") -> list[str]:
+    """Greedy ``model.generate`` answers to ``prompts`` in ``precision`` (the output check's reference)."""
     from bench.generate_inprocess import in_thread
     from bench.naive_generate_server import generate
     from bench.naive_generate_server import load as load_model
 
-    tokenizer, model = load_model(model_dir)
+    tokenizer, model = load_model(model_dir, precision)
 
     def answer(p: load.Prompt) -> str:
         return generate(tokenizer, model, [{"role": "user", "content": p.text}], p.max_tokens)[0]
@@ -131,7 +131,9 @@ def measure_system(
 def start(name: str, ns: argparse.Namespace, log_dir: Path, entry: stats.SystemRun) -> systems.Running:
     if name == systems.SERVICE:
         env = dict(parse_env_pair(e) for e in ns.service_env)
-        config, change = systems.service_config(ns.config, ns.service_model, ns.model_dir, ns.out)
+        config, change = systems.service_config(
+            ns.config, ns.service_model, ns.model_dir, ns.out, ns.precision
+        )
         if change:
             entry.what += f" (written to {config}: its generate application retargeted, {change})"
             print(f"  service config: {config} ({ns.config} retargeted: {change})", flush=True)
@@ -139,13 +141,15 @@ def start(name: str, ns: argparse.Namespace, log_dir: Path, entry: stats.SystemR
         return systems.start_service(variant, ns.service_model, log_dir, ns.num_cpus)
     if name == systems.TRANSFORMERS_SERVE:
         env = systems.ensure_serving_venv(ns.serving_venv, WORK_DIR / "serving-install.log")
-        return systems.start_transformers_serve(env, ns.model_dir, log_dir, shlex.split(ns.ts_flags))
-    return systems.start_naive(ns.model_dir, ns.service_model, log_dir)
+        flags = [*shlex.split(ns.ts_flags), "--dtype", systems.TS_DTYPES[ns.precision]]
+        return systems.start_transformers_serve(env, ns.model_dir, log_dir, flags)
+    return systems.start_naive(ns.model_dir, ns.service_model, log_dir, ns.precision)
 
 
 WHAT = {
     systems.SERVICE: "this service: {config} on a private Ray instance",
-    systems.TRANSFORMERS_SERVE: "transformers serve {version} --continuous-batching --device cpu {flags}",
+    systems.TRANSFORMERS_SERVE: "transformers serve {version} --continuous-batching --device cpu {flags} "
+    "--dtype {dtype}",
     systems.NAIVE: "FastAPI + uvicorn + model.generate, one request at a time "
     "(bench/naive_generate_server.py)",
 }

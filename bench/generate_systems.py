@@ -31,6 +31,7 @@ from bench.service import ROOT, RayServeService, ServiceVariant, load_config
 SERVICE, TRANSFORMERS_SERVE, NAIVE = "service", "transformers-serve", "naive"
 SYSTEMS = (SERVICE, TRANSFORMERS_SERVE, NAIVE)
 CHAT_ROUTE = "/v1/chat/completions"
+TS_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --precision -> transformers serve --dtype
 START_TIMEOUT_S = 600.0
 
 
@@ -148,16 +149,25 @@ def _generate_apps(config: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def retarget_config(config: dict[str, Any], model: str, model_dir: Path) -> tuple[dict[str, Any], str]:
+def retarget_config(
+    config: dict[str, Any], model: str, model_dir: Path, precision: str | None = None
+) -> tuple[dict[str, Any], str]:
     """``config`` with its (first) generate application serving ``model_dir`` as ``model``: the app and
     its model renamed, ``version`` and ``repository`` taken from the path (``<repository>/<name>/<version>``,
-    so ``model_dir``'s parent must be named ``model``), the routers' model lists following. Returned as is
-    when an application already serves ``model``. Also says what it changed."""
+    so ``model_dir``'s parent must be named ``model``), the routers' model lists following; with
+    ``precision``, the application serving ``model`` set to it. Returned as is when an application already
+    serves ``model`` in that precision. Also says what it changed."""
     gen = _generate_apps(config)
     if not gen:
         raise ValueError("the config has no application with task: generate")
-    if any(app["args"]["model"].get("name") == model for app in gen):
-        return config, ""
+    serving = [app for app in gen if app["args"]["model"].get("name") == model]
+    if serving:
+        if precision is None or serving[0]["args"]["model"].get("precision", "fp32") == precision:
+            return config, ""
+        cfg = copy.deepcopy(config)
+        app = next(a for a in _generate_apps(cfg) if a["args"]["model"].get("name") == model)
+        app["args"]["model"]["precision"] = precision
+        return cfg, f"precision {precision}"
     if model_dir.resolve().parent.name != model:
         raise ValueError(f"{model_dir} is not <repository>/{model}/<version>: cannot serve it as {model}")
     cfg = copy.deepcopy(config)
@@ -165,6 +175,8 @@ def retarget_config(config: dict[str, Any], model: str, model_dir: Path) -> tupl
     old = app["args"]["model"]["name"]
     repository = str(model_dir.resolve().parent.parent)
     app["args"]["model"].update(name=model, version=model_dir.resolve().name, repository=repository)
+    if precision is not None:
+        app["args"]["model"]["precision"] = precision
     if app.get("name") == old:
         app["name"] = model
     for other in cfg["applications"]:
@@ -176,10 +188,12 @@ def retarget_config(config: dict[str, Any], model: str, model_dir: Path) -> tupl
     return cfg, f"{old} -> {model} from {model_dir}"
 
 
-def service_config(config_path: Path, model: str, model_dir: Path, out_dir: Path) -> tuple[Path, str]:
+def service_config(
+    config_path: Path, model: str, model_dir: Path, out_dir: Path, precision: str | None = None
+) -> tuple[Path, str]:
     """The config to deploy: ``config_path`` itself, or a retargeted copy in ``out_dir``."""
     config = load_config(config_path)
-    cfg, change = retarget_config(config, model, model_dir)
+    cfg, change = retarget_config(config, model, model_dir, precision)
     if not change:
         return config_path, ""
     path = out_dir / "service-config.yaml"
@@ -248,7 +262,7 @@ def start_transformers_serve(env: ServingEnv, model_dir: Path, log_dir: Path, fl
     )
 
 
-def start_naive(model_dir: Path, model: str, log_dir: Path) -> Running:
+def start_naive(model_dir: Path, model: str, log_dir: Path, precision: str = "fp32") -> Running:
     t0 = time.monotonic()
     port = procs.free_port()
     log = log_dir / f"{NAIVE}.log"
@@ -262,6 +276,8 @@ def start_naive(model_dir: Path, model: str, log_dir: Path) -> Running:
         str(model_dir.resolve()),
         "--model-name",
         model,
+        "--precision",
+        precision,
     ]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)

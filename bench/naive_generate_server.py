@@ -26,11 +26,13 @@ from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 
-def load(model_dir: Path) -> tuple[Any, Any]:
+def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from deployments.runtime.generate.load import DTYPES
+
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[precision]).eval()
     return tokenizer, model
 
 
@@ -93,10 +95,10 @@ def sse_events(
     yield "data: [DONE]\n\n"
 
 
-def create_app(model_dir: Path, model_name: str) -> Any:
+def create_app(model_dir: Path, model_name: str, precision: str = "fp32") -> Any:
     from fastapi import FastAPI
 
-    tokenizer, model = load(model_dir)
+    tokenizer, model = load(model_dir, precision)
     generate(tokenizer, model, [{"role": "user", "content": "warm-up"}], 4)
     lock = asyncio.Lock()
     app = FastAPI()
@@ -158,8 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--model-name", default="bench-gpt2-small")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ns = parser.parse_args(argv)
-    app = create_app(ns.model_dir, ns.model_name)
+    app = create_app(ns.model_dir, ns.model_name, ns.precision)
     uvicorn.run(app, host="127.0.0.1", port=ns.port, access_log=False, log_level="warning")
 
 

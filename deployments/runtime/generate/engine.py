@@ -282,7 +282,7 @@ class Engine:
             past_key_values=self._batch.cache,
             use_cache=True,
         )
-        self._batch.advance(mask)
+        self._batch.advance()
         tokens = next_tokens(out.logits[:, -1, :], [s.sampler for s in self._running])
         self._steps += 1
         rows = [
@@ -294,8 +294,8 @@ class Engine:
 
     def _keep_rows(self, rows: list[int]) -> None:
         if len(rows) != len(self._running):
-            self._running = [self._running[i] for i in rows]
-            self._batch.keep(rows)
+            order = self._batch.keep(rows)  # the batch moves rows into holes: follow its order
+            self._running = [self._running[i] for i in order]
 
     @staticmethod
     def _emit(seq: _Sequence, token: int) -> Finish | None:
