@@ -60,10 +60,14 @@ def _mean(values: Sequence[float]) -> float | None:
     return round(statistics.fmean(values), 1) if values else None
 
 
-def _latency_fields(good: Sequence[StreamRecord]) -> dict[str, Any]:
-    ttft = [r.ttft for r in good if r.ttft is not None]
-    itl = [r.itl for r in good if r.itl is not None]
-    gaps = [r.max_gap for r in good if r.chunks > 1]
+def _latency_fields(
+    good: Sequence[StreamRecord], timed: Sequence[StreamRecord] | None = None
+) -> dict[str, Any]:
+    """Latency percentiles over ``timed`` (default ``good``), token means over ``good``."""
+    timed = good if timed is None else timed
+    ttft = [r.ttft for r in timed if r.ttft is not None]
+    itl = [r.itl for r in timed if r.itl is not None]
+    gaps = [r.max_gap for r in timed if r.chunks > 1]
     return {
         "ttft_p50_ms": _ms(ttft, 50),
         "ttft_p99_ms": _ms(ttft, 99),
@@ -102,6 +106,9 @@ def summarize_closed(
     good = [r for r in ended if r.ok]
     bad = [r for r in ended if not r.ok]
     tokens = sum(r.tokens for r in good)
+    # Latency only of requests sent inside the window: the warm-up's first requests all start at once
+    # (every client's first), a burst no later request sees, and they would set the p99.
+    timed = [r for r in good if r.sent >= lo]
     return GenPoint(
         system=system,
         mode=CLOSED,
@@ -115,7 +122,7 @@ def summarize_closed(
         client_cpu=None if client_cpu is None else round(client_cpu, 3),
         other_load=None if other_load is None else round(other_load, 3),
         error_examples=_examples(bad),
-        **_latency_fields(good),
+        **_latency_fields(good, timed),
     )
 
 
