@@ -256,7 +256,7 @@ class Engine:
                 input_ids=torch.tensor([seq.prompt[start:end]], device=dev),
                 attention_mask=torch.ones((1, end), dtype=torch.long, device=dev),
                 position_ids=torch.arange(start, end, device=dev)[None],
-                past_key_values=seq.cache,
+                cache=seq.cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -279,7 +279,7 @@ class Engine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._batch.cache,
+            cache=self._batch.cache,
             use_cache=True,
         )
         self._batch.advance()
