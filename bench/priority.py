@@ -5,7 +5,8 @@
 One service (``serve_config.yaml`` with a tenants file made here: ``search``, interactive; ``bulk``, batch)
 and four phases on it: interactive alone, bulk alone, both with priorities, and both without: the bulk
 tenant switched to ``interactive`` in the tenants file (read again with no restart) and the bulk stages'
-lower CPU priority off (``runtime.bulk_nice: 0``, a redeploy of the model's application).
+lower CPU priority off (``runtime.bulk_nice: 0``, a redeploy of the model's application; with priorities
+it is ``--bulk-nice``, ``idle`` by default).
 Interactive traffic is open loop: single texts of mixed length, Poisson arrivals at ``--rate``, latency
 from the scheduled time. Bulk is closed loop: ``--bulk-clients`` clients each sending ``--bulk-texts``
 texts per request, back to back. Targets (issue 22): with priorities, interactive p99 <= 2x its p99 alone,
@@ -199,6 +200,10 @@ def splice(doc: str, generated: str) -> str:
     return splice_between(doc, generated, BEGIN_MARK, END_MARK)
 
 
+def _bulk_nice(text: str) -> int | str:
+    return text if text == "idle" else int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -211,7 +216,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=30.0)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
-        "--bulk-nice", type=int, default=19, help="runtime.bulk_nice of the phases with priorities (0: off)"
+        "--bulk-nice",
+        type=_bulk_nice,
+        default="idle",
+        help="runtime.bulk_nice of the phases with priorities: idle (the default), 16-19, 0 (off)",
     )
     parser.add_argument("--out", type=Path, default=PROJECT_ROOT / ".bench" / "priority")
     parser.add_argument("--doc", type=Path, help="also put the report between this benchmark's markers")

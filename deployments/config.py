@@ -8,7 +8,7 @@ to ``reconfigure()``, so changing them in the config file takes effect without r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -124,17 +124,17 @@ class RuntimeConfig(_Frozen):
         "of at most inline_chars characters itself, one Ray hop fewer (single texts, one client: 39.7 -> "
         "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
     )
-    bulk_nice: int = Field(
+    bulk_nice: Annotated[int, Field(ge=0, le=19)] | Literal["idle"] = Field(
         default=0,
-        ge=0,
-        le=19,
-        description="The OS niceness of the replicas that only see large groups: Tokenizer and Serializer "
-        "(groups over inline_chars), and on a CPU with small_groups_in_pipeline Inference too. The Model "
-        "replica does the small (interactive) groups' work itself, so under contention it gets the cores "
-        "first; alone, those replicas run at full speed. Ray starts its workers at 15: only 16-19 change "
-        "anything (19: about 30 % of a shared core against the Model replica's 70 %). Off by default: at 19 "
-        "a large request of any tenant also yields to Ray's own processes (a 256-text request ran past its "
-        "30 s deadline in the test session); for CPU deployments that share cores with bulk tenants.",
+        description="The OS CPU priority of the replicas that only see large groups: Tokenizer and "
+        "Serializer (groups over inline_chars), and on a CPU with small_groups_in_pipeline Inference too. "
+        "The Model replica does the small (interactive) groups' work itself, so under contention it gets the "
+        "cores first; alone, those replicas run at full speed. A niceness (Ray starts its workers at 15: "
+        "only 16-19 change anything; 19: about 30 % of a shared core against the Model replica's 70 %), or "
+        "idle: Linux's SCHED_IDLE class, a core only when nothing else wants it (interactive p99 1.03x idle "
+        "under a saturating bulk tenant, bulk at 90 %: docs/benchmarks.md, Priorities). Off by default: a "
+        "large request of any tenant also yields to Ray's own processes (at 19 a 256-text request ran past "
+        "its 30 s deadline in the test session); for CPU deployments that share cores with bulk tenants.",
     )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 

@@ -17,7 +17,7 @@ from deployments.config import ObservabilityConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
-from deployments.runtime.cpu_priority import lower_cpu_priority
+from deployments.runtime.cpu_priority import BulkNice, lower_cpu_priority
 from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import ServiceError
@@ -30,7 +30,7 @@ INLINE_CHARS = 16384  # characters to tokenize (~0.5 ms)
 INLINE_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of smaller ones)
 
 
-def _stage_threads(name: str, nice: int) -> ThreadPoolExecutor:
+def _stage_threads(name: str, nice: BulkNice) -> ThreadPoolExecutor:
     if nice:  # the pool's threads, made later, inherit it from the thread that makes them
         lower_cpu_priority(nice)
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
@@ -44,7 +44,7 @@ def _stage_threads(name: str, nice: int) -> ThreadPoolExecutor:
     max_surge_percent=100,
 )
 class TokenizerDeployment:
-    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig, nice: int = 0) -> None:
+    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig, nice: BulkNice = 0) -> None:
         """``nice``: runtime.bulk_nice (this replica sees only groups too large for the pipeline's loop)."""
         self._work = TokenizeWork(model, setup_replica(observability))
         self._threads = _stage_threads("tokenize", nice)
@@ -64,7 +64,7 @@ class TokenizerDeployment:
 )
 class SerializerDeployment:
     def __init__(
-        self, observability: ObservabilityConfig, models: list[ResolvedModel], nice: int = 0
+        self, observability: ObservabilityConfig, models: list[ResolvedModel], nice: BulkNice = 0
     ) -> None:
         """``models``: the served versions, whose manifests hold their int8 ranges."""
         self._work = SerializeWork(setup_replica(observability), models)
