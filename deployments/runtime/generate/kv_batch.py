@@ -62,6 +62,7 @@ class KVBatch:
         self._values: list[torch.Tensor] = []
         self._write_rows = torch.zeros(0, dtype=torch.long)
         self._write_columns = torch.zeros(0, dtype=torch.long)
+        self._write_width = 0
 
     @property
     def rows(self) -> int:
@@ -107,6 +108,7 @@ class KVBatch:
         lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)
         self._write_rows = torch.arange(self.rows, device=self.device)
         self._write_columns = lengths
+        self._write_width = self.columns + 1  # once per step, not once per layer
         mask = (torch.arange(self.columns + 1, device=self.device)[None, :] <= lengths[:, None]).long()
         return mask, lengths[:, None]
 
@@ -118,8 +120,8 @@ class KVBatch:
         rows, columns = self._write_rows, self._write_columns
         self._keys[layer][rows, :, columns] = keys[:, :, 0]
         self._values[layer][rows, :, columns] = values[:, :, 0]
-        width = self.columns + 1
-        return self._keys[layer][: self.rows, :, :width], self._values[layer][: self.rows, :, :width]
+        rows_n, width = len(rows), self._write_width
+        return self._keys[layer][:rows_n, :, :width], self._values[layer][:rows_n, :, :width]
 
     def advance(self) -> None:
         """After a decode step: every row holds one token more (the model wrote it into the buffers)."""

@@ -1,16 +1,14 @@
-"""monitoring/grafana: an importable dashboard plotting every metric, with valid PromQL."""
+"""monitoring/grafana: an importable dashboard plotting every metric, with valid PromQL (the Generation row:
+test_dashboard_generation.py)."""
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from tests.support.monitoring import (
-    ALERTS_YML,
     COUNTER,
     GAUGE,
     GPU_METRICS,
@@ -38,7 +36,6 @@ from tests.unit.monitoring.generation_reference import (
     ALL_MODEL_SERIES,
     ALL_SERVICE_METRICS,
     GENERATION_METRICS,
-    GENERATION_SERIES,
 )
 
 # ---------------------------------------------------------------------------------------------------------
@@ -378,82 +375,3 @@ def test_dashboard_panels_do_not_overlap() -> None:
             for x in range(pos["x"], pos["x"] + pos["w"]):
                 other = cells.setdefault((x, y), panel["title"])
                 assert other == panel["title"], f"{panel['title']!r} overlaps {other!r} at x={x}, y={y}"
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Task generate: the Generation row
-
-
-def _rows() -> dict[str, list[dict[str, Any]]]:
-    """Row title -> its panels (an expanded row's are those after it, up to the next row)."""
-    rows: dict[str, list[dict[str, Any]]] = {}
-    current: list[dict[str, Any]] = []
-    for panel in load_dashboard()["panels"]:
-        if panel["type"] == "row":
-            current = rows.setdefault(panel["title"], list(panel.get("panels", [])))
-        else:
-            current.append(panel)
-    return rows
-
-
-def test_generation_row_holds_every_generation_panel() -> None:
-    rows = _rows()
-    assert "Generation" in rows, sorted(rows)
-    generation = rows["Generation"]
-    titles = {panel["title"] for panel in generation}
-    assert titles >= {
-        "Time to first token",
-        "Inter-token latency",
-        "Tokens/s",
-        "Running and waiting sequences",
-        "KV cache blocks",
-        "KV cache used fraction",
-        "Preemptions/s and cancelled/s",
-        "Decode batch size",
-        "Cancel lag p99",
-    }, sorted(titles)
-    # Every generation metric in the row (a histogram by its buckets: quantiles).
-    plotted = set().union(*(metric_names(t["expr"]) for p in generation for t in p["targets"]))
-    wanted = {s for s in GENERATION_SERIES if not s.endswith(("_sum", "_count"))}
-    assert plotted >= wanted, sorted(wanted - plotted)
-    # And the generation series nowhere else: the other rows are the embedding pipeline's.
-    for title, panels in rows.items():
-        if title != "Generation":
-            for panel in panels:
-                for target in panel["targets"]:
-                    assert not metric_names(target["expr"]) & GENERATION_SERIES, (title, panel["title"])
-
-
-def test_generation_latency_panels_show_p50_and_p99() -> None:
-    by_title = {panel["title"]: panel for panel in _rows()["Generation"]}
-    for title, metric in (
-        ("Time to first token", "ray_generate_time_to_first_token_ms_bucket"),
-        ("Inter-token latency", "ray_generate_inter_token_latency_ms_bucket"),
-    ):
-        exprs = [t["expr"] for t in by_title[title]["targets"]]
-        for q in ("0.5", "0.99"):
-            assert any(f"histogram_quantile({q}," in e and metric in e for e in exprs), (title, q)
-        assert by_title[title]["fieldConfig"]["defaults"]["unit"] == "ms", title
-
-
-def _finish_reasons() -> set[str]:
-    """The values of the engine's ``Finish`` literal (deployments/runtime/generate/engine.py), without
-    importing torch."""
-    engine = ROOT / "deployments" / "runtime" / "generate" / "engine.py"
-    tree = ast.parse(engine.read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["Finish"]:
-            assert isinstance(node.value, ast.Subscript), ast.unparse(node.value)  # Literal[...]
-            values = ast.literal_eval(node.value.slice)
-            return set(values) if isinstance(values, tuple) else {values}
-    raise AssertionError("no Finish = Literal[...] in engine.py")
-
-
-def test_dashboard_and_alerts_filter_finish_by_reasons_the_engine_gives() -> None:
-    reasons = _finish_reasons()
-    assert reasons == {"stop", "length", "cancelled", "error"}, reasons
-    texts = [*dashboard_exprs(), ALERTS_YML.read_text()]
-    used = {m.group(1) for text in texts for m in re.finditer(r'\bfinish\s*=~?\s*"([^"]*)"', text)}
-    assert used, "no panel filters ray_generate_requests by finish"
-    for value in used:
-        assert set(value.split("|")) <= reasons, value
