@@ -205,7 +205,8 @@ def test_closed_and_open_loop_against_a_fake_server() -> None:
         runner = await _fake_server()
         try:
             bodies = [chat_body(Prompt("x", 3), None)]
-            closed = await generate_load.closed_loop(_url(runner), bodies, 2, 0.2, 0.6, 10.0)
+            # 2 s: long enough for > 10 requests on a machine still busy (0.6 s once gave 8)
+            closed = await generate_load.closed_loop(_url(runner), bodies, 2, 0.2, 2.0, 10.0)
             opened = await generate_load.open_loop(_url(runner), bodies, 20.0, 0.2, 0.6, 10.0, seed=1)
         finally:
             await runner.cleanup()
