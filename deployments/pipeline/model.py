@@ -87,6 +87,7 @@ class ModelDeployment:
             {v.version: v.inference for v in versions},
             runtime,
             tracing,
+            workers=MAX_GROUPS_IN_FLIGHT,
         )
         self._config = _DEFAULTS
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
