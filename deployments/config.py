@@ -131,8 +131,8 @@ class RuntimeConfig(_Frozen):
         "The Model replica does the small (interactive) groups' work itself, so under contention it gets the "
         "cores first; alone, those replicas run at full speed. A niceness (Ray starts its workers at 15: "
         "only 16-19 change anything; 19: about 30 % of a shared core against the Model replica's 70 %), or "
-        "idle: Linux's SCHED_IDLE class, a core only when nothing else wants it (interactive p99 1.03x idle "
-        "under a saturating bulk tenant, bulk at 90 %: docs/benchmarks.md, Priorities). Off by default: a "
+        "idle: Linux's SCHED_IDLE class, a core only when nothing else wants it (interactive p99 1.21x idle "
+        "under a saturating bulk tenant, bulk at 103 %: docs/benchmarks.md, Priorities). Off by default: a "
         "large request of any tenant also yields to Ray's own processes (at 19 a 256-text request ran past "
         "its 30 s deadline in the test session); for CPU deployments that share cores with bulk tenants.",
     )

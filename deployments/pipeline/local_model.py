@@ -50,7 +50,7 @@ class LocalModel:
         runtime: RuntimeConfig,
         metrics: BatchMetrics,
         tracing: Tracing,
-        workers: int = 1,
+        workers: int,
     ) -> None:
         recheck_on_replica(model, runtime.verify_checksums)
         self._runner = create_runner(
@@ -103,7 +103,7 @@ class LocalModels:
         inference: dict[str, Any],
         runtime: RuntimeConfig,
         tracing: Tracing,
-        workers: int = 1,
+        workers: int,
     ) -> None:
         self._models = models
         self._workers = workers

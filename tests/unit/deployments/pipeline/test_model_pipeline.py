@@ -227,7 +227,9 @@ def test_no_local_copy_where_inference_runs_on_a_gpu_or_when_switched_off(
 ) -> None:
     runtime = RuntimeConfig(small_groups_in_pipeline=enabled)
     tracing = setup_replica(ObservabilityConfig())
-    local = LocalModels({"1": default_model}, {"1": _Handle(device=lambda: device)}, runtime, tracing)
+    local = LocalModels(
+        {"1": default_model}, {"1": _Handle(device=lambda: device)}, runtime, tracing, workers=2
+    )
     _load(local)
     assert local.get("1") is None
 
