@@ -20,6 +20,7 @@ from deployments.config import BatchingConfig, RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.tracing import Tracing
 from deployments.pipeline.batching import BatchLimits
+from deployments.pipeline.detached import start_detached
 from deployments.pipeline.group_runner import Answers, Group, GroupRun, OutputMaker, run_groups
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
@@ -119,9 +120,18 @@ class LocalModels:
     def start(self) -> None:
         """Begin loading (once; needs the replica's running event loop)."""
         if self._loading is None and self._runtime.small_groups_in_pipeline:
-            self._loading = asyncio.get_running_loop().create_task(self._load_all())
+            # Detached from the request that starts it: a first health probe that timed out while Inference
+            # was still loading used to cancel the load with it, and small groups then never ran here.
+            self._loading = start_detached(self._load_all())
 
     async def _load_all(self) -> None:
+        try:
+            await self._load_each()
+        except asyncio.CancelledError:  # the replica is stopping; never a silent end
+            log.warning("loading the pipeline's model copies stopped: small groups go to Inference")
+            raise
+
+    async def _load_each(self) -> None:
         metrics = BatchMetrics()
         for version, model in self._models.items():
             device = await self._device(version)

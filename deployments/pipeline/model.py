@@ -127,6 +127,10 @@ class ModelDeployment:
                 call.cancel()
             raise
 
+    def local_copies(self) -> list[str]:
+        """The versions whose small groups run on this replica's own copy (a CPU model, once loaded)."""
+        return [v for v in self._order if self._local.get(v) is not None]
+
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
         self._local.start()

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from deployments.pipeline.detached import start_detached
 from deployments.pipeline.priority import PRIORITIES, Priority, PriorityPolicy, PriorityScheduler
 
 log = logging.getLogger("textserve.batching")
@@ -33,6 +34,10 @@ R = TypeVar("R")
 class _Waiting(Generic[T, R]):
     item: T
     future: asyncio.Future[R] = field(repr=False)
+
+
+class BatchCancelledError(RuntimeError):
+    """The batch's handler was cancelled while it ran, though nobody cancelled the batcher."""
 
 
 def _interactive(_: object) -> Priority:
@@ -78,7 +83,8 @@ class SlotBatcher(Generic[T, R]):
 
     def _start(self) -> None:
         self._changed = asyncio.Event()
-        self._workers = [asyncio.get_running_loop().create_task(self._slot()) for _ in range(self._slots)]
+        # Detached: the workers serve every later request, not only the one that started them.
+        self._workers = [start_detached(self._slot()) for _ in range(self._slots)]
 
     async def _take(self) -> tuple[Priority, list[_Waiting[T, R]]]:
         assert self._changed is not None
@@ -130,8 +136,22 @@ class SlotBatcher(Generic[T, R]):
                 self._changed.set()  # a slot is free: a class held back by its slot cap may go
 
     async def _run(self, batch: list[_Waiting[T, R]]) -> None:
+        # The handler runs as a task of its own so that its being cancelled from inside (a call it awaits
+        # cancelled by someone else) tells apart from this slot being cancelled: the first fails the batch
+        # and the slot goes on; only the second ends the slot.
+        work = asyncio.ensure_future(self._handler([w.item for w in batch]))
         try:
-            results = await self._handler([w.item for w in batch])
+            await asyncio.wait({work})
+        except asyncio.CancelledError:
+            work.cancel()
+            for w in batch:
+                if not w.future.done():
+                    w.future.cancel()
+            raise
+        try:
+            if work.cancelled():
+                raise BatchCancelledError(f"a batch of {len(batch)} was cancelled while it ran")
+            results = work.result()
             if len(results) != len(batch):
                 raise RuntimeError(f"{len(results)} results for a batch of {len(batch)}")
         except Exception as exc:  # every caller of the batch gets the error; nobody hangs
@@ -140,11 +160,6 @@ class SlotBatcher(Generic[T, R]):
                 if not w.future.done():
                     w.future.set_exception(exc)
             return
-        except asyncio.CancelledError:
-            for w in batch:
-                if not w.future.done():
-                    w.future.cancel()
-            raise
         for w, result in zip(batch, results, strict=True):
             if not w.future.done():
                 w.future.set_result(result)

@@ -5,6 +5,7 @@ either way (stand-in handles record the calls)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
@@ -232,6 +233,30 @@ def test_no_local_copy_where_inference_runs_on_a_gpu_or_when_switched_off(
     )
     _load(local)
     assert local.get("1") is None
+
+
+def test_the_copy_loads_in_a_context_of_its_own_not_the_starters(default_model: ResolvedModel) -> None:
+    """Serve cancels the handle calls made in a request's context with that request: a first health probe
+    that timed out while Inference loaded used to take the copy's load with it."""
+    request: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+    seen: list[str | None] = []
+
+    def device() -> str:
+        seen.append(request.get())
+        return "cuda"  # nothing to load: the context is what is checked
+
+    tracing = setup_replica(ObservabilityConfig())
+    handles = {"1": _Handle(device=device)}
+    local = LocalModels({"1": default_model}, handles, RuntimeConfig(), tracing, workers=2)
+
+    async def probe() -> None:
+        request.set("a health probe")
+        local.start()
+        assert local._loading is not None
+        await local._loading
+
+    asyncio.run(probe())
+    assert seen == [None]
 
 
 def test_the_local_copy_loads_when_inference_answers_cpu(local_pipeline) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 
-from deployments.pipeline.slot_batcher import SlotBatcher
+from deployments.pipeline.slot_batcher import BatchCancelledError, SlotBatcher
 
 
 def _run(coro):
@@ -124,3 +125,50 @@ def test_a_caller_that_leaves_before_its_batch_forms_is_skipped():
         return seen
 
     assert _run(scenario()) == [[0], [2]]
+
+
+def test_the_workers_run_in_a_context_of_their_own_not_the_first_submitters() -> None:
+    request: contextvars.ContextVar[str | None] = contextvars.ContextVar("request", default=None)
+
+    async def scenario() -> list[str | None]:
+        seen: list[str | None] = []
+
+        async def handler(items: list[int]) -> list[int]:
+            seen.append(request.get())  # Serve records the handle calls made here under this variable
+            return items
+
+        batcher: SlotBatcher[int, int] = SlotBatcher(handler, max_batch_size=4, slots=2)
+
+        async def submit_as(name: str, item: int) -> int:
+            request.set(name)
+            return await batcher.submit(item)
+
+        assert await asyncio.ensure_future(submit_as("first", 1)) == 1
+        assert await asyncio.ensure_future(submit_as("second", 2)) == 2
+        return seen
+
+    assert _run(scenario()) == [None, None]
+
+
+def test_a_batch_cancelled_from_inside_fails_its_callers_and_the_slot_goes_on() -> None:
+    """A handle call the handler awaits can be cancelled by someone else (Serve cancels a request's child
+    calls): that batch's callers get an error, and the same slot serves the next batch."""
+
+    async def scenario() -> None:
+        calls = 0
+
+        async def handler(items: list[int]) -> list[int]:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise asyncio.CancelledError  # what awaiting a cancelled DeploymentResponse raises
+            return items
+
+        batcher: SlotBatcher[int, int] = SlotBatcher(handler, max_batch_size=4, slots=1)
+        first = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
+        for f in first:
+            with pytest.raises(BatchCancelledError, match="a batch of 3 was cancelled"):
+                await f
+        assert await asyncio.wait_for(batcher.submit(9), 5) == 9
+
+    _run(scenario())
