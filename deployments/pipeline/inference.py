@@ -125,6 +125,7 @@ class InferenceDeployment:
             }
         )
         self._gpu = GpuMonitor()
+        self._running = 0  # sequences in the batch on the model now
         self._stats = {
             "batches": 0,
             "sequences": 0,
@@ -193,7 +194,12 @@ class InferenceDeployment:
             gone = device_gone()
             return [[m if isinstance(m, ServiceError) else gone for m in group] for group in groups]
         loop = asyncio.get_running_loop()
-        run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
+        running = sum(len(e) for g in groups for e in g if isinstance(e, EncodedTexts))
+        self._running += running
+        try:
+            run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
+        finally:
+            self._running -= running
         if any(e.trace is not None for q in queued for e in q.group if isinstance(e, EncodedTexts)):
             self._trace_batch(queued, start_ns, time.time_ns(), run.sequences)
         if run.sequences:
@@ -243,6 +249,7 @@ class InferenceDeployment:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "waiting": self._metrics.waiting,
+            "running": self._running,
         }
 
     def inject_device_error(self, message: str) -> int:

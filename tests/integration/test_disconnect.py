@@ -39,6 +39,16 @@ def _sequences() -> int:
     return int(stats["sequences"])
 
 
+def _wait_running(sequences: int, timeout_s: float = 60.0) -> None:
+    """Until Inference runs a batch of at least ``sequences``. A fixed pause was not enough on a busy machine:
+    the second request, tokenized sooner than the big one, reached the model first (CI: 304 computed)."""
+    handle = serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
+    deadline = time.monotonic() + timeout_s
+    while handle.batching.remote().result(timeout_s=30)["running"] < sequences:
+        assert time.monotonic() < deadline, f"no batch of {sequences} sequences ran within {timeout_s} s"
+        time.sleep(0.02)
+
+
 def _ingress_replica_url() -> str:
     """The ingress replica's own HTTP listener (direct ingress: HAProxy forwards to it)."""
     import psutil
@@ -81,7 +91,7 @@ def _busy_then_second(
     url = f"{url}/v1/embeddings"
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(httpx.post, url, json={"input": busy}, timeout=120)
-        time.sleep(0.5)  # the big request is in the model now
+        _wait_running(busy_texts)  # the big request is in the model now, not still being tokenized
         try:
             timeout = httpx.Timeout(120, read=read_timeout_s)
             r = httpx.post(url, json={"input": second}, headers=headers or {}, timeout=timeout)
