@@ -68,7 +68,18 @@ def test_the_cap_and_the_size_function_bound_a_batch_and_an_oversized_item_runs_
     assert _run(scenario()) == [2, 1, 1, 1]  # 4+4, then 4 (4+30 > 10), then 30 alone, then 1
 
 
-def test_a_failing_batch_fails_every_caller_and_the_next_batch_still_runs():
+@pytest.mark.parametrize(
+    ("raised", "expected", "match"),
+    [
+        (ValueError("boom"), ValueError, "boom"),
+        # What awaiting a DeploymentResponse raises when someone else cancelled it (Serve cancels a request's
+        # child calls): the batch's callers get an error, and the same slot serves the next batch.
+        (asyncio.CancelledError(), BatchCancelledError, "a batch of 3 was cancelled"),
+    ],
+)
+def test_a_failing_batch_fails_every_caller_and_the_next_batch_still_runs(
+    raised: BaseException, expected: type[Exception], match: str
+) -> None:
     async def scenario() -> None:
         calls = 0
 
@@ -76,15 +87,15 @@ def test_a_failing_batch_fails_every_caller_and_the_next_batch_still_runs():
             nonlocal calls
             calls += 1
             if calls == 1:
-                raise ValueError("boom")
+                raise raised
             return items
 
-        batcher: SlotBatcher[int, int] = SlotBatcher(handler, max_batch_size=4)
+        batcher: SlotBatcher[int, int] = SlotBatcher(handler, max_batch_size=4, slots=1)
         first = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
         for f in first:
-            with pytest.raises(ValueError, match="boom"):
+            with pytest.raises(expected, match=match):
                 await f
-        assert await batcher.submit(9) == 9
+        assert await asyncio.wait_for(batcher.submit(9), 5) == 9
 
     _run(scenario())
 
@@ -148,27 +159,3 @@ def test_the_workers_run_in_a_context_of_their_own_not_the_first_submitters() ->
         return seen
 
     assert _run(scenario()) == [None, None]
-
-
-def test_a_batch_cancelled_from_inside_fails_its_callers_and_the_slot_goes_on() -> None:
-    """A handle call the handler awaits can be cancelled by someone else (Serve cancels a request's child
-    calls): that batch's callers get an error, and the same slot serves the next batch."""
-
-    async def scenario() -> None:
-        calls = 0
-
-        async def handler(items: list[int]) -> list[int]:
-            nonlocal calls
-            calls += 1
-            if calls == 1:
-                raise asyncio.CancelledError  # what awaiting a cancelled DeploymentResponse raises
-            return items
-
-        batcher: SlotBatcher[int, int] = SlotBatcher(handler, max_batch_size=4, slots=1)
-        first = [asyncio.ensure_future(batcher.submit(i)) for i in range(3)]
-        for f in first:
-            with pytest.raises(BatchCancelledError, match="a batch of 3 was cancelled"):
-                await f
-        assert await asyncio.wait_for(batcher.submit(9), 5) == 9
-
-    _run(scenario())
