@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator
+from copy import deepcopy
 from dataclasses import dataclass
 
 import pytest
@@ -17,6 +18,7 @@ from transformers import (
 )
 
 from deployments.runtime.generate.engine import Engine, TokenEvent
+from deployments.runtime.generate.packed import pack_linears
 from deployments.runtime.generate.sampling import Sampling
 
 VOCAB = 500
@@ -67,6 +69,13 @@ def llama(one_thread: None) -> PreTrainedModel:
         pad_token_id=None,
     )
     return LlamaForCausalLM(config).eval()
+
+
+def packed_copy(model: PreTrainedModel) -> PreTrainedModel:
+    """The model with its linear layers on oneDNN's packed weights, as the service's engine runs it."""
+    copy = deepcopy(model)
+    assert pack_linears(copy) > 0, "this PyTorch build cannot pack the linear layers"
+    return copy
 
 
 # ---- references and helpers ----

@@ -25,6 +25,7 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
     drive,
     flat,
     mixed_requests,
+    packed_copy,
     prompt,
     reference,
     step,
@@ -32,10 +33,14 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
 )
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["as-loaded", "packed"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_greedy_parity_with_generate(arch: str, request: pytest.FixtureRequest) -> None:
+def test_greedy_parity_with_generate(arch: str, packed: bool, request: pytest.FixtureRequest) -> None:
+    """Packed: the engine runs on oneDNN's packed weights, as the service's does, and the reference is
+    still ``model.generate`` on the model as loaded."""
     model: PreTrainedModel = request.getfixturevalue(arch)
-    engine = Engine(model, (), EngineLimits(max_running=4, prefill_chunk_tokens=16, kv_cache_tokens=4096))
+    runs = packed_copy(model) if packed else model
+    engine = Engine(runs, (), EngineLimits(max_running=4, prefill_chunk_tokens=16, kv_cache_tokens=4096))
     events = Events()
     plan = mixed_requests()
     waited = False

@@ -1,0 +1,135 @@
+"""Which matrix kernels the generation engine runs on, measured: PyTorch's default (MKL's sgemm on the
+model's own weights) against oneDNN on weights packed once (``deployments.runtime.generate.packed``).
+
+    .venv/bin/python -m bench.engine_kernels --model-dir .bench/models/gpt2-small/1
+
+In one run, on the same model (fp32) and machine:
+1. one decode step of the running batch, 8 and 32 rows of 100-300 cached tokens (median of 20 steps);
+2. the engine end to end: mixed-length prompts (10-200 tokens) all submitted at once, 48 greedy tokens
+   each, output tokens/s, each kernel run twice, alternating;
+3. parity: each prompt's greedy tokens from (2) against ``model.generate(do_sample=False)`` for that
+   prompt alone, on the unpacked model: the count that match token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import threading
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent
+from deployments.runtime.generate.kv_batch import KVBatch
+from deployments.runtime.generate.packed import pack_linears
+from deployments.runtime.generate.sampling import Sampling
+
+NEW_TOKENS = 48
+
+
+def prompts(count: int, vocab: int, seed: int = 3) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(10, 200))] for _ in range(count)]
+
+
+@torch.inference_mode()
+def decode_step_ms(model: PreTrainedModel, rows: int, steps: int = 20) -> float:
+    """Median milliseconds of one decode step over ``rows`` sequences of 100-300 cached tokens."""
+    batch = KVBatch("cpu")
+    vocab = model.config.vocab_size
+    for i in range(rows):
+        n = 100 + (200 * i) // max(1, rows - 1)
+        cache = DynamicCache(config=model.config)
+        ids = torch.randint(1, vocab, (1, n))
+        model(
+            input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, use_cache=True, logits_to_keep=1
+        )
+        batch.add(cache, n)
+    times = []
+    for i in range(steps + 3):
+        t0 = time.perf_counter()
+        mask, positions = batch.step_inputs()
+        ids = torch.randint(1, vocab, (rows, 1))
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True)
+        batch.advance()
+        if i >= 3:  # the first steps grow the buffers
+            times.append(time.perf_counter() - t0)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def engine_run(model: PreTrainedModel, batch: list[list[int]]) -> tuple[float, dict[str, list[int]]]:
+    """Seconds for every prompt's NEW_TOKENS greedy tokens through the engine, and the tokens."""
+    engine = Engine(model, (), EngineLimits(max_running=len(batch), kv_cache_tokens=10**6))
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(batch))}
+    done = threading.Semaphore(0)
+
+    def sink(event: TokenEvent) -> None:
+        if event.token_id is not None:
+            tokens[event.request_id].append(event.token_id)
+        if event.finish is not None:
+            done.release()
+
+    engine.start()
+    start = time.perf_counter()
+    for i, prompt in enumerate(batch):
+        engine.submit(str(i), prompt, NEW_TOKENS, Sampling(), sink)
+    for _ in batch:
+        done.acquire()
+    elapsed = time.perf_counter() - start
+    engine.stop()
+    return elapsed, tokens
+
+
+@torch.inference_mode()
+def reference(model: PreTrainedModel, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", type=Path, required=True)
+    parser.add_argument("--requests", type=int, default=16, help="prompts submitted at once in (2)")
+    ns = parser.parse_args()
+    torch.manual_seed(0)
+    plain = AutoModelForCausalLM.from_pretrained(ns.model_dir, dtype=torch.float32).eval()
+    packed = copy.deepcopy(plain)
+    swapped = pack_linears(packed)
+    print(f"model {ns.model_dir}: {swapped} linear layers packed; {torch.get_num_threads()} threads")
+    print("| decode step, rows | default ms | packed ms | speed-up |\n|---|---|---|---|")
+    for rows in (8, 32):
+        a, b = decode_step_ms(plain, rows), decode_step_ms(packed, rows)
+        print(f"| {rows} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+    batch = prompts(ns.requests, plain.config.vocab_size)
+    runs: dict[str, list[float]] = {"default": [], "packed": []}
+    outputs: dict[str, dict[str, list[int]]] = {}
+    for _ in range(2):
+        for name, model in (("default", plain), ("packed", packed)):
+            seconds, outputs[name] = engine_run(model, batch)
+            runs[name].append(len(batch) * NEW_TOKENS / seconds)
+    print(f"\n| engine, {len(batch)} prompts x {NEW_TOKENS} tokens | output tokens/s (run 1, run 2) |")
+    print("|---|---|")
+    for name, rates in runs.items():
+        print(f"| {name} | {rates[0]:.1f}, {rates[1]:.1f} |")
+    expected = [reference(plain, p) for p in batch]
+    for name, got in outputs.items():
+        same = sum(got[str(i)] == want for i, want in enumerate(expected))
+        print(f"parity, {name}: {same} of {len(batch)} prompts equal model.generate's {NEW_TOKENS} tokens")
+
+
+if __name__ == "__main__":
+    main()
