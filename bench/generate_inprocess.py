@@ -113,13 +113,20 @@ def in_thread(fn: Callable[[], T]) -> T:
 def design_rows(
     model_dir: Path, new_tokens: int = 100, batch: int = 4, log: Any = print, precision: str = "fp32"
 ) -> list[DesignRow]:
+    import copy
+
     import torch
+
+    from deployments.runtime.generate.packed import pack_linears
 
     tokenizer, model = load(model_dir, precision)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     prompt = ids[0].tolist()
+    # The engine's rows run the model as the service's engine does (generation.packed_weights, default on).
+    engine_model = copy.deepcopy(model)
+    packed = " on oneDNN packed weights" if pack_linears(engine_model) else ""
     in_thread(lambda: _generate(model, ids, 8, True))  # warm-up
-    _engine(model, prompt, 1, 8)
+    _engine(engine_model, prompt, 1, 8)
     where = f"{len(prompt)}-token prompt, torch on a worker thread ({torch.get_num_threads()} intra-op)"
     rows = []
     for name, what, run, design in (
@@ -137,14 +144,14 @@ def design_rows(
         ),
         (
             "engine-1",
-            "1 request through the engine (deployments.runtime.generate.engine)",
-            lambda: _engine(model, prompt, 1, new_tokens),
+            f"1 request through the engine (deployments.runtime.generate.engine){packed}",
+            lambda: _engine(engine_model, prompt, 1, new_tokens),
             None,
         ),
         (
             f"batched-{batch}",
-            f"{batch} requests submitted together to the engine (continuous batching)",
-            lambda: _engine(model, prompt, batch, new_tokens),
+            f"{batch} requests submitted together to the engine (continuous batching){packed}",
+            lambda: _engine(engine_model, prompt, batch, new_tokens),
             DESIGN["batched_s"] if batch == 4 else None,
         ),
     ):
