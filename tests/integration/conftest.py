@@ -111,11 +111,27 @@ class ServeHarness:
         raise TimeoutError(f"apps never reached {expected}: {serve.status().applications}")
 
 
+# A test app's ingress replicas (its router's Ingress, a model app's Model) hold on for Ray's direct-ingress
+# minimum draining period when it is deleted: 30 s by default, for a load balancer to deregister them. Each
+# module that adds apps waited that long in its teardown (CI: ~3 of its 20 minutes). The session's own apps
+# and the blue-green test's app keep the shipped value (shipped_draining).
+MIN_DRAINING_ENV = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+TEST_APP_MIN_DRAINING_S = "1"
+
+
 def _small(entry: dict[str, Any]) -> dict[str, Any]:
     for dep in entry["deployments"]:
         # Logical CPUs: several apps share this small machine during the tests.
         options = dep.setdefault("ray_actor_options", {})
         options["num_cpus"] = min(options.get("num_cpus", 0.25), 0.25)
+    env = entry.setdefault("runtime_env", {}).setdefault("env_vars", {})
+    env[MIN_DRAINING_ENV] = TEST_APP_MIN_DRAINING_S
+    return entry
+
+
+def shipped_draining(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` with Ray's draining period as shipped: where a rollout's replacement is under test."""
+    entry["runtime_env"]["env_vars"].pop(MIN_DRAINING_ENV)
     return entry
 
 
@@ -187,8 +203,11 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
     # The classifier is routed by the session's router (requests name it); every request to it is traced
     # (test_logs_and_traces.py), the default model keeps the default sample ratio. The broken model is
     # an application of its own that must fail to deploy, routed by nobody.
-    classifier = model_app(
-        {"repository": str(model_repo), "name": CLASSIFIER, "task": "classify", "backend": "torch"}, template
+    classifier = shipped_draining(
+        model_app(
+            {"repository": str(model_repo), "name": CLASSIFIER, "task": "classify", "backend": "torch"},
+            template,
+        )
     )
     classifier["args"]["observability"] = {"trace_sample_ratio": 1.0}
     # The root span of a request is the router's: it samples every request too (the stage spans follow it).

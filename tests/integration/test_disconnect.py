@@ -75,7 +75,9 @@ def _ingress_replica_url() -> str:
 class Outcome:
     busy_status: int
     second: str  # its status code, or "left"
-    busy_outlived: bool  # the big request's batch was still on the model CANCEL_MARGIN_S after the second left
+    busy_outlived: (
+        bool  # the big request's batch was still on the model CANCEL_MARGIN_S after the second left
+    )
 
 
 def _busy_then_second(

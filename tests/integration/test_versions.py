@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     ServeHarness,
     deployment_named,
     routed_model,
+    shipped_draining,
 )
 from tests.integration.traffic import Answer, Traffic, failures
 
@@ -45,6 +46,7 @@ def _entry(
     """The model application (tiny-sentiment, served as APP) and its own router at ROUTE."""
     model = {"repository": str(repo), "name": "tiny-sentiment", "task": "classify", "backend": "torch"}
     entry, router = routed_model(harness, APP, ROUTE, {**model, "version": version})
+    shipped_draining(entry)  # its old version's replicas drain as they would in production
     entry["args"]["candidate"] = {"version": candidate} if candidate else None
     deployment_named(entry, "Model")["user_config"] = {"candidate_share": share}
     # No degraded answers from the cache: they would hide a failed request.
