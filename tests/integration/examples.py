@@ -1,7 +1,8 @@
 """Run an example config as a user runs it: `serve run` on its own local Ray, on private ports.
 
-The only change to the file is its ports (private ones, so a `serve run` on this machine is never disturbed);
-everything else, the demo models built by `.ci/setup` included, is what a fresh clone runs.
+The only changes to the file are its ports (private ones, so a `serve run` on this machine is never disturbed)
+and how long its replicas drain when Ctrl-C deletes the apps; everything else, the demo models built by
+`.ci/setup` included, is what a fresh clone runs.
 """
 
 from __future__ import annotations
@@ -46,8 +47,11 @@ def _with_private_ports(example: Path, path: Path, port: int) -> str:
         RAY_SERVE_FALLBACK_PROXY_HTTP_PORT=str(free_port()),
         RAY_SERVE_FALLBACK_PROXY_GRPC_PORT=str(free_port()),
     )
+    # Ctrl-C deletes the apps: each ingress replica (the router's, every model app's) holds on for Ray's
+    # direct-ingress minimum draining period, 30 s, and the teardown ran into its 90 s wait (CI).
+    app_env = {**env, "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
     for app in config["applications"]:
-        app["runtime_env"] = {"env_vars": {**app["runtime_env"]["env_vars"], **env}}
+        app["runtime_env"] = {"env_vars": {**app["runtime_env"]["env_vars"], **app_env}}
     path.write_text(yaml.safe_dump(config))
     return str(path)
 
