@@ -1,10 +1,13 @@
-"""Which matrix kernels the generation engine runs on, measured: PyTorch's default (MKL's sgemm on the
-model's own weights) against oneDNN on weights packed once (``deployments.runtime.generate.packed``).
+"""Which kernels the generation engine runs on, measured: PyTorch's default (MKL's sgemm on the model's own
+weights, one SDPA call over the padded batch), oneDNN on weights packed once
+(``deployments.runtime.generate.packed``), and packed plus decode attention by groups of rows of similar
+length (``deployments.runtime.generate.row_attention``): the service's engine.
 
     .venv/bin/python -m bench.engine_kernels --model-dir .bench/models/gpt2-small/1
 
 In one run, on the same model (fp32) and machine:
-1. one decode step of the running batch, 8 and 32 rows of 100-300 cached tokens (median of 20 steps);
+1. one decode step of the running batch, 8 and 32 rows of 30-420 cached tokens (mixed, as the benchmark's
+   prompts and outputs make them), the variants alternating step by step (median of 20 steps each);
 2. the engine end to end: mixed-length prompts (10-200 tokens) all submitted at once, 48 greedy tokens
    each, output tokens/s, each kernel run twice, alternating;
 3. parity: each prompt's greedy tokens from (2) against ``model.generate(do_sample=False)`` for that
@@ -26,6 +29,7 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent
 from deployments.runtime.generate.kv_batch import KVBatch
 from deployments.runtime.generate.packed import pack_linears
+from deployments.runtime.generate.row_attention import IMPLEMENTATION, plan_groups, use_row_groups
 from deployments.runtime.generate.sampling import Sampling
 
 NEW_TOKENS = 48
@@ -36,29 +40,47 @@ def prompts(count: int, vocab: int, seed: int = 3) -> list[list[int]]:
     return [[rng.randrange(1, vocab) for _ in range(rng.randint(10, 200))] for _ in range(count)]
 
 
-@torch.inference_mode()
-def decode_step_ms(model: PreTrainedModel, rows: int, steps: int = 20) -> float:
-    """Median milliseconds of one decode step over ``rows`` sequences of 100-300 cached tokens."""
+def _batch(model: PreTrainedModel, rows: int) -> KVBatch:
+    """``rows`` sequences of 30-420 cached tokens (the same for every variant)."""
+    rng = random.Random(rows)
     batch = KVBatch("cpu")
-    vocab = model.config.vocab_size
-    for i in range(rows):
-        n = 100 + (200 * i) // max(1, rows - 1)
+    for _ in range(rows):
+        n = rng.randint(30, 420)
         cache = DynamicCache(config=model.config)
-        ids = torch.randint(1, vocab, (1, n))
+        ids = torch.tensor([[rng.randrange(1, model.config.vocab_size) for _ in range(n)]])
         model(
             input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, use_cache=True, logits_to_keep=1
         )
         batch.add(cache, n)
-    times = []
+    return batch
+
+
+@torch.inference_mode()
+def decode_step_ms(models: dict[str, PreTrainedModel], rows: int, steps: int = 20) -> dict[str, float]:
+    """Median milliseconds of one decode step of each model over its own copy of the same batch, the
+    models taking turns step by step (so a slow stretch of the machine falls on all of them)."""
+    batches = {name: _batch(model, rows) for name, model in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    ids = torch.randint(1, 1000, (rows, 1))
     for i in range(steps + 3):
-        t0 = time.perf_counter()
-        mask, positions = batch.step_inputs()
-        ids = torch.randint(1, vocab, (rows, 1))
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True)
-        batch.advance()
-        if i >= 3:  # the first steps grow the buffers
-            times.append(time.perf_counter() - t0)
-    return 1000 * sorted(times)[len(times) // 2]
+        for name, model in models.items():
+            batch = batches[name]
+            t0 = time.perf_counter()
+            mask, positions = batch.step_inputs()
+            grouped = model.config._attn_implementation == IMPLEMENTATION
+            kwargs = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if grouped else {}
+            model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                cache=batch.cache,
+                use_cache=True,
+                **kwargs,
+            )
+            batch.advance()
+            if i >= 3:  # the first steps grow the buffers
+                times[name].append(time.perf_counter() - t0)
+    return {name: 1000 * sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
 def engine_run(model: PreTrainedModel, batch: list[list[int]]) -> tuple[float, dict[str, list[int]]]:
@@ -109,16 +131,21 @@ def main() -> None:
     plain = AutoModelForCausalLM.from_pretrained(ns.model_dir, dtype=torch.float32).eval()
     packed = copy.deepcopy(plain)
     swapped = pack_linears(packed)
+    service = copy.deepcopy(plain)
+    pack_linears(service)
+    assert use_row_groups(service), "the model could not switch to grouped decode attention"
+    models = {"default": plain, "packed": packed, "packed + row groups": service}
     print(f"model {ns.model_dir}: {swapped} linear layers packed; {torch.get_num_threads()} threads")
-    print("| decode step, rows | default ms | packed ms | speed-up |\n|---|---|---|---|")
+    print("| decode step, rows | " + " | ".join(f"{n} ms" for n in models) + " |")
+    print("|---|" + "---|" * len(models))
     for rows in (8, 32):
-        a, b = decode_step_ms(plain, rows), decode_step_ms(packed, rows)
-        print(f"| {rows} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+        ms = decode_step_ms(models, rows)
+        print(f"| {rows} | " + " | ".join(f"{ms[n]:.1f}" for n in models) + " |")
     batch = prompts(ns.requests, plain.config.vocab_size)
-    runs: dict[str, list[float]] = {"default": [], "packed": []}
+    runs: dict[str, list[float]] = {name: [] for name in models}
     outputs: dict[str, dict[str, list[int]]] = {}
     for _ in range(2):
-        for name, model in (("default", plain), ("packed", packed)):
+        for name, model in models.items():
             seconds, outputs[name] = engine_run(model, batch)
             runs[name].append(len(batch) * NEW_TOKENS / seconds)
     print(f"\n| engine, {len(batch)} prompts x {NEW_TOKENS} tokens | output tokens/s (run 1, run 2) |")

@@ -170,6 +170,12 @@ class GenerationConfig(_Frozen):
         "default kernel on the benchmark machine (python -m bench.engine_kernels). Costs the linear weights' "
         "memory once more while loading. Ignored for other precisions and on a GPU.",
     )
+    row_group_attention: bool = Field(
+        default=True,
+        description="A decode step's attention by groups of rows of similar length, each over its own "
+        "longest row rather than the batch's (deployments/runtime/generate/row_attention.py): less padding "
+        "read at mixed lengths (python -m bench.engine_kernels). Needs the model on SDPA; otherwise ignored.",
+    )
 
 
 class CandidateConfig(_Frozen):

@@ -62,7 +62,9 @@ class GeneratorDeployment:
         limits = EngineLimits(
             config.max_running, config.kv_cache_tokens, config.prefill_chunk_tokens, config.max_waiting
         )
-        lm = load_causal_lm(model, device, packed=config.packed_weights)
+        lm = load_causal_lm(
+            model, device, packed=config.packed_weights, row_groups=config.row_group_attention
+        )
         self._engine = Engine(lm, self._prompts.eos_token_ids, limits, self._step)
         info = {"version": model.manifest.version, "backend": "torch", "device": str(lm.device)}
         self._metrics = GenerationMetrics(model.manifest.name, info, self._engine.stats)

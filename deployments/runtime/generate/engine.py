@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
+from deployments.runtime.generate.row_attention import IMPLEMENTATION, plan_groups
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
 from preprocess.contracts import Priority
 
@@ -98,6 +99,7 @@ class Engine:
     ) -> None:
         self.model = model.eval()
         self.device = model.device
+        self._grouped = model.config._attn_implementation == IMPLEMENTATION  # row_attention.use_row_groups
         check_cache(DynamicCache(config=model.config))  # refuse sliding-window / linear-attention models
         self.limits = limits
         self.eos = frozenset(eos_token_ids)
@@ -275,12 +277,14 @@ class Engine:
         t0 = time.perf_counter()
         mask, positions = self._batch.step_inputs()
         ids = torch.tensor([[s.generated[-1]] for s in self._running], device=self.device)
+        grouped = {"row_groups": plan_groups([n + 1 for n in self._batch.lengths])} if self._grouped else {}
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             cache=self._batch.cache,
             use_cache=True,
+            **grouped,
         )
         self._batch.advance()
         tokens = next_tokens(out.logits[:, -1, :], [s.sampler for s in self._running])

@@ -9,15 +9,19 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.generate.packed import pack_linears
+from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.torch_runner import pick_device
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 log = logging.getLogger("textserve.generate")
 
 
-def load_causal_lm(model: ResolvedModel, device: str = "auto", packed: bool = False) -> PreTrainedModel:
-    """``packed``: the linear layers on oneDNN's packed weights where the model can use them (fp32 on
-    CPU; otherwise as loaded): for the engine's own copy, which is never trained or saved."""
+def load_causal_lm(
+    model: ResolvedModel, device: str = "auto", packed: bool = False, row_groups: bool = False
+) -> PreTrainedModel:
+    """For the engine's own copy, which is never trained or saved: ``packed``, the linear layers on oneDNN's
+    packed weights where the model can use them (fp32 on CPU; otherwise as loaded); ``row_groups``, decode
+    attention by groups of rows (row_attention.py) where the model runs SDPA."""
     # SDPA: masked (left-padded) rows of the batch cost no softmax mass; the same kernel generate() uses.
     lm = AutoModelForCausalLM.from_pretrained(
         model.weights_dir, dtype=DTYPES[model.precision], attn_implementation="sdpa"
@@ -33,4 +37,6 @@ def load_causal_lm(model: ResolvedModel, device: str = "auto", packed: bool = Fa
     lm = lm.to(pick_device(device)).eval()
     if packed and (swapped := pack_linears(lm)):
         log.info("%s: %d linear layers on oneDNN packed weights", model.manifest.name, swapped)
+    if row_groups and use_row_groups(lm):
+        log.info("%s: decode attention by groups of rows", model.manifest.name)
     return lm

@@ -19,6 +19,7 @@ from transformers import (
 
 from deployments.runtime.generate.engine import Engine, TokenEvent
 from deployments.runtime.generate.packed import pack_linears
+from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.generate.sampling import Sampling
 
 VOCAB = 500
@@ -75,6 +76,15 @@ def packed_copy(model: PreTrainedModel) -> PreTrainedModel:
     """The model with its linear layers on oneDNN's packed weights, as the service's engine runs it."""
     copy = deepcopy(model)
     assert pack_linears(copy) > 0, "this PyTorch build cannot pack the linear layers"
+    return copy
+
+
+def grouped_copy(model: PreTrainedModel, packed: bool = True, switch: bool = True) -> PreTrainedModel:
+    """The model as the service's engine runs it: packed weights (``packed``) and decode attention by
+    groups of rows (``switch``)."""
+    copy = packed_copy(model) if packed else deepcopy(model)
+    if switch:
+        assert use_row_groups(copy), "the model could not switch to grouped decode attention"
     return copy
 
 

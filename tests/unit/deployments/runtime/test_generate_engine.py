@@ -13,6 +13,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from deployments.runtime.generate import row_attention
 from deployments.runtime.generate.engine import Engine, EngineLimits
 from deployments.runtime.generate.sampling import Sampling
 from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fixtures
@@ -24,6 +25,7 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
     assert_greedy_parity,
     drive,
     flat,
+    grouped_copy,
     mixed_requests,
     packed_copy,
     prompt,
@@ -33,13 +35,23 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
 )
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["as-loaded", "packed"])
+@pytest.mark.parametrize("runs_on", ["as-loaded", "packed", "service"])
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
-def test_greedy_parity_with_generate(arch: str, packed: bool, request: pytest.FixtureRequest) -> None:
-    """Packed: the engine runs on oneDNN's packed weights, as the service's does, and the reference is
-    still ``model.generate`` on the model as loaded."""
+def test_greedy_parity_with_generate(
+    arch: str, runs_on: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine on the model as loaded, on oneDNN's packed weights, or as the service runs it (packed,
+    decode attention by groups of rows: here as many groups as the lengths allow); the reference is always
+    ``model.generate`` on the model as loaded."""
     model: PreTrainedModel = request.getfixturevalue(arch)
-    runs = packed_copy(model) if packed else model
+    variants = {
+        "as-loaded": lambda: model,
+        "packed": lambda: packed_copy(model),
+        "service": lambda: grouped_copy(model),
+    }
+    if runs_on == "service":
+        monkeypatch.setattr(row_attention, "CALL_COST", 0)
+    runs = variants[runs_on]()
     engine = Engine(runs, (), EngineLimits(max_running=4, prefill_chunk_tokens=16, kv_cache_tokens=4096))
     events = Events()
     plan = mixed_requests()
