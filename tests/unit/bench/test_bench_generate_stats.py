@@ -81,6 +81,12 @@ def test_open_point_counts_arrivals_scheduled_in_the_window_and_judges_them() ->
     slow = [_rec(10.0 + i, 10.2 + i + (2.8 if i >= 8 else 0.0), 14.0 + i, 9) for i in range(10)]
     p3 = summarize_open("s", 1.0, slow, [0.0] * 10, window)
     assert not p3.extra["sustained"] and "backlog" in p3.extra["why"]
+    # a backlog built in the warm-up: TTFT 12-20 s, growing by less than the backlog test sees; arrivals every
+    # 0.5 s, one answer a second
+    behind = [_rec(4.0 + i / 2, 10.0 + i, 10.5 + i, 9) for i in range(30)]
+    p4 = summarize_open("s", 2.0, behind, [0.0] * 30, window)
+    assert p4.extra["arrivals"] == 18 and p4.extra["answered"] == 10
+    assert not p4.extra["sustained"] and "falling behind" in p4.extra["why"]
     unsent = summarize_open("s", 1.0, [StreamRecord(sent=11.0, error="unsent")], [float("inf")], window)
     assert unsent.extra["unsent"] == 1 and not judge_open(unsent)[0]
 
