@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent
+from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent, decode_step
 from deployments.runtime.generate.kv_batch import KVBatch
 from deployments.runtime.generate.packed import pack_linears
-from deployments.runtime.generate.row_attention import IMPLEMENTATION, plan_groups, use_row_groups
+from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.generate.sampling import Sampling
 
 NEW_TOKENS = 48
@@ -64,20 +64,8 @@ def decode_step_ms(models: dict[str, PreTrainedModel], rows: int, steps: int = 2
     ids = torch.randint(1, 1000, (rows, 1))
     for i in range(steps + 3):
         for name, model in models.items():
-            batch = batches[name]
             t0 = time.perf_counter()
-            mask, positions = batch.step_inputs()
-            grouped = model.config._attn_implementation == IMPLEMENTATION
-            kwargs = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if grouped else {}
-            model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=positions,
-                cache=batch.cache,
-                use_cache=True,
-                **kwargs,
-            )
-            batch.advance()
+            decode_step(model, batches[name], ids)
             if i >= 3:  # the first steps grow the buffers
                 times[name].append(time.perf_counter() - t0)
     return {name: 1000 * sorted(t)[len(t) // 2] for name, t in times.items()}

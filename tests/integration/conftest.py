@@ -124,9 +124,14 @@ def _small(entry: dict[str, Any]) -> dict[str, Any]:
         # Logical CPUs: several apps share this small machine during the tests.
         options = dep.setdefault("ray_actor_options", {})
         options["num_cpus"] = min(options.get("num_cpus", 0.25), 0.25)
-    env = entry.setdefault("runtime_env", {}).setdefault("env_vars", {})
-    env[MIN_DRAINING_ENV] = TEST_APP_MIN_DRAINING_S
+    entry["runtime_env"] = quick_draining(entry.get("runtime_env") or {})
     return entry
+
+
+def quick_draining(runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``runtime_env`` whose replicas drain in TEST_APP_MIN_DRAINING_S when their app is deleted."""
+    env_vars = {**(runtime_env.get("env_vars") or {}), MIN_DRAINING_ENV: TEST_APP_MIN_DRAINING_S}
+    return {**runtime_env, "env_vars": env_vars}
 
 
 def shipped_draining(entry: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import httpx
 import yaml
 
 from bench.procs import free_port
-from tests.integration.conftest import ROOT
+from tests.integration.conftest import ROOT, quick_draining
 
 SERVE_CLI = Path(sys.executable).parent / "serve"
 START_TIMEOUT_S = 240
@@ -49,9 +49,8 @@ def _with_private_ports(example: Path, path: Path, port: int) -> str:
     )
     # Ctrl-C deletes the apps: each ingress replica (the router's, every model app's) holds on for Ray's
     # direct-ingress minimum draining period, 30 s, and the teardown ran into its 90 s wait (CI).
-    app_env = {**env, "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "1"}
     for app in config["applications"]:
-        app["runtime_env"] = {"env_vars": {**app["runtime_env"]["env_vars"], **app_env}}
+        app["runtime_env"] = quick_draining({"env_vars": {**app["runtime_env"]["env_vars"], **env}})
     path.write_text(yaml.safe_dump(config))
     return str(path)
 

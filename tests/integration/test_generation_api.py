@@ -21,14 +21,7 @@ from openai import OpenAI
 from ray import serve
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.integration.conftest import (
-    MIN_DRAINING_ENV,
-    ROOT,
-    TEST_APP_MIN_DRAINING_S,
-    ServeHarness,
-    app_named,
-    router_app,
-)
+from tests.integration.conftest import ROOT, ServeHarness, app_named, quick_draining, router_app
 from tests.integration.test_metrics import metrics_ports, scrape
 
 pytestmark = pytest.mark.integration
@@ -45,10 +38,7 @@ def _app(name: str, source: str, template: dict[str, Any], generation: dict[str,
         "name": name,
         "route_prefix": None,
         "import_path": "deployments.app:build_model",
-        # Drains in 1 s when the module deletes it, as every test app (conftest.py, MIN_DRAINING_ENV).
-        "runtime_env": {
-            "env_vars": {**template["runtime_env"]["env_vars"], MIN_DRAINING_ENV: TEST_APP_MIN_DRAINING_S}
-        },
+        "runtime_env": quick_draining(template["runtime_env"]),  # as every test app (conftest.py)
         "args": {
             "model": {
                 "name": source,

@@ -99,7 +99,6 @@ class Engine:
     ) -> None:
         self.model = model.eval()
         self.device = model.device
-        self._grouped = model.config._attn_implementation == IMPLEMENTATION  # row_attention.use_row_groups
         check_cache(DynamicCache(config=model.config))  # refuse sliding-window / linear-attention models
         self.limits = limits
         self.eos = frozenset(eos_token_ids)
@@ -275,19 +274,9 @@ class Engine:
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
-        mask, positions = self._batch.step_inputs()
         ids = torch.tensor([[s.generated[-1]] for s in self._running], device=self.device)
-        grouped = {"row_groups": plan_groups([n + 1 for n in self._batch.lengths])} if self._grouped else {}
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=self._batch.cache,
-            use_cache=True,
-            **grouped,
-        )
-        self._batch.advance()
-        tokens = next_tokens(out.logits[:, -1, :], [s.sampler for s in self._running])
+        logits = decode_step(self.model, self._batch, ids)
+        tokens = next_tokens(logits, [s.sampler for s in self._running])
         self._steps += 1
         rows = [
             i for i, (s, t) in enumerate(zip(self._running, tokens, strict=True)) if self._emit(s, t) is None
@@ -312,6 +301,20 @@ class Engine:
             finish = "length"
         _send(seq, TokenEvent(seq.request_id, token, finish, at=time.perf_counter()))
         return finish
+
+
+def decode_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
+    """One decode step of ``batch``, ``ids`` its rows' new tokens (rows, 1): the next-token logits (rows,
+    vocab). The batch then holds one token more per row. A model switched to grouped decode attention
+    (``row_attention.use_row_groups``) gets this step's plan."""
+    mask, positions = batch.step_inputs()
+    grouped = model.config._attn_implementation == IMPLEMENTATION
+    plan = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if grouped else {}
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True, **plan
+    )
+    batch.advance()
+    return out.logits[:, -1, :]
 
 
 def _send(seq: _Sequence, event: TokenEvent) -> None:

@@ -79,12 +79,11 @@ def packed_copy(model: PreTrainedModel) -> PreTrainedModel:
     return copy
 
 
-def grouped_copy(model: PreTrainedModel, packed: bool = True, switch: bool = True) -> PreTrainedModel:
-    """The model as the service's engine runs it: packed weights (``packed``) and decode attention by
-    groups of rows (``switch``)."""
+def grouped_copy(model: PreTrainedModel, packed: bool = True) -> PreTrainedModel:
+    """The model with decode attention by groups of rows, on packed weights (``packed``: as the service's
+    engine runs it)."""
     copy = packed_copy(model) if packed else deepcopy(model)
-    if switch:
-        assert use_row_groups(copy), "the model could not switch to grouped decode attention"
+    assert use_row_groups(copy), "the model could not switch to grouped decode attention"
     return copy
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from copy import deepcopy
 
 import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from deployments.runtime.generate import row_attention
+from deployments.runtime.generate.engine import decode_step
 from deployments.runtime.generate.kv_batch import KVBatch
 from deployments.runtime.generate.row_attention import RowGroup, plan_groups, use_row_groups
 from tests.unit.deployments.runtime.generate_support import grouped_copy, prompt
@@ -62,8 +64,8 @@ def test_a_grouped_decode_step_computes_what_the_padded_one_does(
     model: PreTrainedModel = request.getfixturevalue(arch)
     grouped = grouped_copy(model, packed=False)
     lengths = [30, 7, 7, 60, 12, 31]
-    outputs = []
-    for m, plan in ((model, False), (grouped, True)):
+    logits: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+    for m, by_groups in ((model, False), (grouped, True)):
         batch = KVBatch()
         with torch.inference_mode():
             for i, n in enumerate(lengths):
@@ -72,29 +74,15 @@ def test_a_grouped_decode_step_computes_what_the_padded_one_does(
                 m(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, use_cache=True)
                 batch.add(cache, n)
             for step in range(3):
-                mask, positions = batch.step_inputs()
-                kwargs = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if plan else {}
-                if plan:
-                    assert len(kwargs["row_groups"]) > 1
+                assert len(plan_groups([n + 1 for n in batch.lengths])) > 1  # what the grouped model gets
                 ids = torch.tensor([[prompt(1, seed=100 + step + r)[0]] for r in range(len(lengths))])
-                out = m(
-                    input_ids=ids,
-                    attention_mask=mask,
-                    position_ids=positions,
-                    cache=batch.cache,
-                    use_cache=True,
-                    **kwargs,
-                )
-                batch.advance()
-                outputs.append((plan, step, out.logits))
-    padded = [o for p, _, o in outputs if not p]
-    by_groups = [o for p, _, o in outputs if p]
-    for want, got in zip(padded, by_groups, strict=True):
+                logits[by_groups].append(decode_step(m, batch, ids))
+    for want, got in zip(logits[False], logits[True], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_model_off_sdpa_is_left_as_it_is(gpt2: PreTrainedModel) -> None:
-    eager = grouped_copy(gpt2, packed=False, switch=False)
+    eager = deepcopy(gpt2)
     eager.set_attn_implementation("eager")
     assert not use_row_groups(eager)
     assert eager.config._attn_implementation == "eager"
