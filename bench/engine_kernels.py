@@ -28,9 +28,10 @@ from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent, decode_step
 from deployments.runtime.generate.kv_batch import KVBatch
-from deployments.runtime.generate.packed import pack_linears
+from deployments.runtime.generate.packed import PackedLinear, pack_linears
 from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.generate.sampling import Sampling
+from deployments.runtime.openmp import on_passing_thread
 
 NEW_TOKENS = 48
 
@@ -116,18 +117,24 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=16, help="prompts submitted at once in (2)")
     ns = parser.parse_args()
     torch.manual_seed(0)
-    plain = AutoModelForCausalLM.from_pretrained(ns.model_dir, dtype=torch.float32).eval()
-    packed = copy.deepcopy(plain)
-    swapped = pack_linears(packed)
-    service = copy.deepcopy(plain)
-    pack_linears(service)
-    assert use_row_groups(service), "the model could not switch to grouped decode attention"
-    models = {"default": plain, "packed": packed, "packed + row groups": service}
+
+    def setup() -> dict[str, PreTrainedModel]:
+        plain = AutoModelForCausalLM.from_pretrained(ns.model_dir, dtype=torch.float32).eval()
+        packed, service = copy.deepcopy(plain), copy.deepcopy(plain)
+        pack_linears(packed)
+        pack_linears(service)
+        assert use_row_groups(service), "the model could not switch to grouped decode attention"
+        return {"default": plain, "packed": packed, "packed + row groups": service}
+
+    # Torch runs only on threads that end and on the engine's, as in the service (runtime/openmp.py).
+    models = on_passing_thread(setup)
+    plain = models["default"]
+    swapped = sum(isinstance(m, PackedLinear) for m in models["packed"].modules())
     print(f"model {ns.model_dir}: {swapped} linear layers packed; {torch.get_num_threads()} threads")
     print("| decode step, rows | " + " | ".join(f"{n} ms" for n in models) + " |")
     print("|---|" + "---|" * len(models))
     for rows in (8, 32):
-        ms = decode_step_ms(models, rows)
+        ms = on_passing_thread(lambda rows=rows: decode_step_ms(models, rows))
         print(f"| {rows} | " + " | ".join(f"{ms[n]:.1f}" for n in models) + " |")
     batch = prompts(ns.requests, plain.config.vocab_size)
     runs: dict[str, list[float]] = {name: [] for name in models}
@@ -140,7 +147,7 @@ def main() -> None:
     print("|---|---|")
     for name, rates in runs.items():
         print(f"| {name} | {rates[0]:.1f}, {rates[1]:.1f} |")
-    expected = [reference(plain, p) for p in batch]
+    expected = on_passing_thread(lambda: [reference(plain, p) for p in batch])
     for name, got in outputs.items():
         same = sum(got[str(i)] == want for i, want in enumerate(expected))
         print(f"parity, {name}: {same} of {len(batch)} prompts equal model.generate's {NEW_TOKENS} tokens")

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from bench.generate_stats import DESIGN, DesignRow
 from bench.machine import OtherLoadProbe
+from deployments.runtime.openmp import on_passing_thread
 
 PROMPT = "The quick brown fox jumps over"
-T = TypeVar("T")
 
 
 def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
@@ -90,26 +89,6 @@ def _engine(model: Any, prompt: list[int], requests: int, new_tokens: int) -> fl
     return seconds
 
 
-def in_thread(fn: Callable[[], T]) -> T:
-    """``fn()`` on a fresh thread, as the engine runs its loop (and servers their generation): torch on
-    the main thread and on another thread can differ several times over in speed on a loaded machine."""
-    out: list[T] = []
-    err: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as exc:
-            err.append(exc)
-
-    thread = threading.Thread(target=run, name="design-row")
-    thread.start()
-    thread.join()
-    if err:
-        raise err[0]
-    return out[0]
-
-
 def design_rows(
     model_dir: Path, new_tokens: int = 100, batch: int = 4, log: Any = print, precision: str = "fp32"
 ) -> list[DesignRow]:
@@ -119,13 +98,19 @@ def design_rows(
 
     from deployments.runtime.generate.packed import pack_linears
 
-    tokenizer, model = load(model_dir, precision)
+    def setup() -> tuple[Any, Any, Any, int]:
+        tokenizer, model = load(model_dir, precision)
+        # The engine's rows run the model as the service's engine does (generation.packed_weights, on).
+        engine_model = copy.deepcopy(model)
+        return tokenizer, model, engine_model, pack_linears(engine_model)
+
+    # Every torch call on a thread that ends, as the service does (deployments/runtime/openmp.py): a
+    # thread of this process that lives on with an OpenMP pool would slow every other thread's torch.
+    tokenizer, model, engine_model, swapped = on_passing_thread(setup)
+    packed = " on oneDNN packed weights" if swapped else ""
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
     prompt = ids[0].tolist()
-    # The engine's rows run the model as the service's engine does (generation.packed_weights, default on).
-    engine_model = copy.deepcopy(model)
-    packed = " on oneDNN packed weights" if pack_linears(engine_model) else ""
-    in_thread(lambda: _generate(model, ids, 8, True))  # warm-up
+    on_passing_thread(lambda: _generate(model, ids, 8, True))  # warm-up
     _engine(engine_model, prompt, 1, 8)
     where = f"{len(prompt)}-token prompt, torch on a worker thread ({torch.get_num_threads()} intra-op)"
     rows = []
@@ -157,7 +142,7 @@ def design_rows(
     ):
         probe = OtherLoadProbe(None)  # anything but this process and its children
         probe.start()
-        seconds = in_thread(run)
+        seconds = on_passing_thread(run)
         other = probe.stop()
         requests = batch if name.startswith("batched") else 1
         other = None if other is None else round(other, 3)

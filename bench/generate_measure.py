@@ -63,16 +63,18 @@ def build_prompts(
 
 def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt], precision: str = "fp32") -> list[str]:
     """Greedy ``model.generate`` answers to ``prompts`` in ``precision`` (the output check's reference)."""
-    from bench.generate_inprocess import in_thread
     from bench.naive_generate_server import generate
     from bench.naive_generate_server import load as load_model
+    from deployments.runtime.openmp import on_passing_thread
 
-    tokenizer, model = load_model(model_dir, precision)
+    def answers() -> list[str]:  # on a thread that ends: no OpenMP pool left to slow the design rows
+        tokenizer, model = load_model(model_dir, precision)
+        return [
+            generate(tokenizer, model, [{"role": "user", "content": p.text}], p.max_tokens)[0]
+            for p in prompts
+        ]
 
-    def answer(p: load.Prompt) -> str:
-        return generate(tokenizer, model, [{"role": "user", "content": p.text}], p.max_tokens)[0]
-
-    return [in_thread(lambda p=p: answer(p)) for p in prompts]
+    return on_passing_thread(answers)
 
 
 def _measure(run: Any, session: int | None, warmup_s: float, duration_s: float) -> tuple[Any, float | None]:

@@ -3,9 +3,9 @@
     python -m bench.naive_generate_server --port 8123 --model-dir .bench/models/bench-gpt2-small/1
 
 ``POST /v1/chat/completions`` in the OpenAI shape: the model's chat template, greedy or sampled
-``model.generate``, one request at a time (an asyncio lock; the generation runs in a worker thread so
-the event loop still answers ``/healthz`` and notices clients that left). No streaming of tokens: with
-``stream: true`` the whole answer goes out as one content chunk once it is generated, then a chunk with
+``model.generate``, one request at a time (an asyncio lock; the generation runs on one worker thread, the
+model's, so the event loop still answers ``/healthz`` and notices clients that left). No streaming of tokens:
+with ``stream: true`` the whole answer goes out as one content chunk once it is generated, then a chunk with
 ``finish_reason`` and ``usage``, then ``data: [DONE]``. A request whose client left while it queued is
 skipped; ``GET /v1/models`` lists the model.
 """
@@ -18,6 +18,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,11 @@ def sse_events(
 def create_app(model_dir: Path, model_name: str, precision: str = "fp32") -> Any:
     from fastapi import FastAPI
 
-    tokenizer, model = load(model_dir, precision)
-    generate(tokenizer, model, [{"role": "user", "content": "warm-up"}], 4)
+    # Every torch call (load, warm-up, each generation) on this one thread: a second thread holding an OpenMP
+    # pool would make libgomp's workers sleep between operators (deployments/runtime/openmp.py).
+    torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+    tokenizer, model = torch_thread.submit(load, model_dir, precision).result()
+    torch_thread.submit(generate, tokenizer, model, [{"role": "user", "content": "warm-up"}], 4).result()
     lock = asyncio.Lock()
     app = FastAPI()
 
@@ -123,8 +127,8 @@ def create_app(model_dir: Path, model_name: str, precision: str = "fp32") -> Any
         async with lock:
             if await request.is_disconnected():
                 raise HTTPException(499, "client left while queued")
-            text, prompt_tokens, completion_tokens, finish = await asyncio.to_thread(
-                generate, tokenizer, model, messages, max_tokens, temperature, top_p
+            text, prompt_tokens, completion_tokens, finish = await asyncio.get_running_loop().run_in_executor(
+                torch_thread, generate, tokenizer, model, messages, max_tokens, temperature, top_p
             )
         usage = {
             "prompt_tokens": prompt_tokens,

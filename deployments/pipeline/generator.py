@@ -30,6 +30,7 @@ from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.generate.engine import Engine, EngineFullError, EngineLimits, TokenEvent
 from deployments.runtime.generate.load import load_causal_lm
 from deployments.runtime.generate.sampling import Sampling
+from deployments.runtime.openmp import on_passing_thread
 from postprocess.completions import FinishReason, Usage
 from postprocess.contracts import GenerationDelta, ModelIdentity
 from postprocess.detokenize import IncrementalDetokenizer, StopMatcher
@@ -62,8 +63,11 @@ class GeneratorDeployment:
         limits = EngineLimits(
             config.max_running, config.kv_cache_tokens, config.prefill_chunk_tokens, config.max_waiting
         )
-        lm = load_causal_lm(
-            model, device, packed=config.packed_weights, row_groups=config.row_group_attention
+        # Loaded on a thread that ends here, so the engine's thread holds this process's only OpenMP pool.
+        lm = on_passing_thread(
+            lambda: load_causal_lm(
+                model, device, packed=config.packed_weights, row_groups=config.row_group_attention
+            )
         )
         self._engine = Engine(lm, self._prompts.eos_token_ids, limits, self._step)
         info = {"version": model.manifest.version, "backend": "torch", "device": str(lm.device)}

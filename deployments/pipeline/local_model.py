@@ -25,6 +25,8 @@ from deployments.pipeline.group_runner import Answers, Group, GroupRun, OutputMa
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import create_runner
+from deployments.runtime.openmp import on_passing_thread
+from deployments.runtime.runner_base import BatchRunner
 from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
@@ -54,14 +56,19 @@ class LocalModel:
         workers: int,
     ) -> None:
         recheck_on_replica(model, runtime.verify_checksums)
-        self._runner = create_runner(
-            model,
-            "cpu",
-            threads=runtime.intra_op_threads,
-            parallel_passes=runtime.parallel_passes,
-            graph=runtime.torch_graph,
-        )
-        self._runner.warm_up(model.manifest.input.max_tokens, _WARM_UP_BATCH)
+
+        def setup() -> BatchRunner:  # on a thread that ends (runtime/openmp.py): no OpenMP pool left behind
+            runner = create_runner(
+                model,
+                "cpu",
+                threads=runtime.intra_op_threads,
+                parallel_passes=runtime.parallel_passes,
+                graph=runtime.torch_graph,
+            )
+            runner.warm_up(model.manifest.input.max_tokens, _WARM_UP_BATCH)
+            return runner
+
+        self._runner = on_passing_thread(setup)
         self._output = OutputMaker.of(model)
         self._limits = BatchLimits(_MICRO.micro_batch_size, _MICRO.micro_batch_tokens)
         self._metrics = metrics
