@@ -60,9 +60,7 @@ class GeneratorDeployment:
         self._tokenizer = Tokenizer.from_file(str(model.tokenizer_file))
         if config.intra_op_threads:
             torch.set_num_threads(config.intra_op_threads)
-        limits = EngineLimits(
-            config.max_running, config.kv_cache_tokens, config.prefill_chunk_tokens, config.max_waiting
-        )
+        limits = EngineLimits.of(config)
         # Loaded on a thread that ends here, so the engine's thread holds this process's only OpenMP pool.
         lm = on_passing_thread(
             lambda: load_causal_lm(

@@ -26,6 +26,7 @@ from typing import Literal
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from deployments.config import GenerationConfig
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
 from deployments.runtime.generate.row_attention import IMPLEMENTATION, plan_groups
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
@@ -37,12 +38,21 @@ Finish = Literal["stop", "length", "cancelled", "error"]
 BATCH_TURN = 4  # a waiting bulk request gets at least every 4th admission (a quarter)
 
 
+_CONFIG = GenerationConfig()  # the defaults' one source: serve_config.yaml's generation section
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLimits:
-    max_running: int = 32  # rows of the decode batch
-    kv_cache_tokens: int = 32768  # token slots per layer, padding included
-    prefill_chunk_tokens: int = 256  # prompt tokens prefilled per iteration
-    max_waiting: int = 128  # requests admitted to the queue; past it submit() refuses
+    max_running: int = _CONFIG.max_running  # rows of the decode batch
+    kv_cache_tokens: int = _CONFIG.kv_cache_tokens  # token slots per layer, padding included
+    prefill_chunk_tokens: int = _CONFIG.prefill_chunk_tokens  # prompt tokens prefilled per iteration
+    max_waiting: int = _CONFIG.max_waiting  # requests admitted to the queue; past it submit() refuses
+
+    @classmethod
+    def of(cls, config: GenerationConfig) -> EngineLimits:
+        return cls(
+            config.max_running, config.kv_cache_tokens, config.prefill_chunk_tokens, config.max_waiting
+        )
 
 
 @dataclass(frozen=True, slots=True)
