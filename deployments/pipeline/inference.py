@@ -32,9 +32,8 @@ from deployments.pipeline.group_runner import (
 )
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
-from deployments.runtime.backends import create_runner
+from deployments.runtime.backends import ready_runner
 from deployments.runtime.cpu_priority import lower_cpu_priority
-from deployments.runtime.openmp import on_passing_thread
 from postprocess.contracts import ModelIdentity
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import ServiceError, UnavailableError
@@ -102,16 +101,14 @@ class InferenceDeployment:
         self._output = OutputMaker.of(model)
         self._identity = self._output.identity
         self._tokenizer_id = model.tokenizer_id
-        # Built and warmed on a thread that ends (runtime/openmp.py): the model's threads keep the only pools.
-        self._runner = on_passing_thread(
-            lambda: create_runner(
-                model,
-                device,
-                threads=runtime.intra_op_threads,
-                cache_release_fraction=runtime.cuda_cache_release_fraction,
-                parallel_passes=runtime.parallel_passes,
-                graph=runtime.torch_graph,
-            )
+        self._runner = ready_runner(
+            model,
+            device,
+            _DEFAULTS.max_batch_size,
+            threads=runtime.intra_op_threads,
+            cache_release_fraction=runtime.cuda_cache_release_fraction,
+            parallel_passes=runtime.parallel_passes,
+            graph=runtime.torch_graph,
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
@@ -119,7 +116,6 @@ class InferenceDeployment:
             # Small (interactive) groups run in the Model replica; here the large (bulk) ones yield to them.
             lower_cpu_priority(runtime.bulk_nice)  # threads made later (the model's) inherit it
         self._apply(_DEFAULTS)
-        on_passing_thread(lambda: self._runner.warm_up(manifest.input.max_tokens, _DEFAULTS.max_batch_size))
         self._metrics = InferenceMetrics(
             {
                 "model": manifest.name,

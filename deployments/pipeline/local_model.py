@@ -24,9 +24,7 @@ from deployments.pipeline.detached import start_detached
 from deployments.pipeline.group_runner import Answers, Group, GroupRun, OutputMaker, run_groups
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
-from deployments.runtime.backends import create_runner
-from deployments.runtime.openmp import on_passing_thread
-from deployments.runtime.runner_base import BatchRunner
+from deployments.runtime.backends import ready_runner
 from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
@@ -57,18 +55,14 @@ class LocalModel:
     ) -> None:
         recheck_on_replica(model, runtime.verify_checksums)
 
-        def setup() -> BatchRunner:  # on a thread that ends (runtime/openmp.py): no OpenMP pool left behind
-            runner = create_runner(
-                model,
-                "cpu",
-                threads=runtime.intra_op_threads,
-                parallel_passes=runtime.parallel_passes,
-                graph=runtime.torch_graph,
-            )
-            runner.warm_up(model.manifest.input.max_tokens, _WARM_UP_BATCH)
-            return runner
-
-        self._runner = on_passing_thread(setup)
+        self._runner = ready_runner(
+            model,
+            "cpu",
+            _WARM_UP_BATCH,
+            threads=runtime.intra_op_threads,
+            parallel_passes=runtime.parallel_passes,
+            graph=runtime.torch_graph,
+        )
         self._output = OutputMaker.of(model)
         self._limits = BatchLimits(_MICRO.micro_batch_size, _MICRO.micro_batch_tokens)
         self._metrics = metrics

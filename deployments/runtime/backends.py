@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.openmp import on_passing_thread
 from deployments.runtime.runner_base import BatchRunner
 from preprocess.tokenize import pad_token_id
 
@@ -19,6 +20,33 @@ def create_runner(
     runner = _create(model, device, pad_id, threads, cache_release_fraction, graph)
     runner.set_parallel(parallel_passes)
     return runner
+
+
+def ready_runner(
+    model: ResolvedModel,
+    device: str,
+    warm_up_batch: int,
+    threads: int | None = None,
+    cache_release_fraction: float = 0.9,
+    parallel_passes: int = 1,
+    graph: str = "eager",
+) -> BatchRunner:
+    """A replica's runner, built and warmed up on a thread that ends (runtime/openmp.py): the threads that run
+    it later keep the process's only OpenMP pools."""
+
+    def setup() -> BatchRunner:
+        runner = create_runner(
+            model,
+            device,
+            threads=threads,
+            cache_release_fraction=cache_release_fraction,
+            parallel_passes=parallel_passes,
+            graph=graph,
+        )
+        runner.warm_up(model.manifest.input.max_tokens, warm_up_batch)
+        return runner
+
+    return on_passing_thread(setup)
 
 
 def _create(

@@ -12,7 +12,6 @@ left with the only one.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from typing import TypeVar
@@ -38,11 +37,3 @@ def on_passing_thread(fn: Callable[[], T], name: str = "model-setup") -> T:
     if error:
         raise error[0]
     return result[0]
-
-
-def thread_count() -> int:
-    """OS threads of this process now (Linux; 0 where /proc is missing): pools show up here."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return 0
