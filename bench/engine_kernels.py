@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
-from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent, decode_step
+from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent
 from deployments.runtime.generate.kv_batch import KVBatch
 from deployments.runtime.generate.packed import PackedLinear, pack_linears
+from deployments.runtime.generate.passes import decode_step
 from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.generate.sampling import Sampling
 from deployments.runtime.openmp import on_passing_thread

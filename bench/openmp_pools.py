@@ -41,8 +41,8 @@ def _child(model_dir: Path, variant: str, rows: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
 
     from bench.engine_kernels import _batch
-    from deployments.runtime.generate.engine import decode_step
     from deployments.runtime.generate.packed import pack_linears
+    from deployments.runtime.generate.passes import decode_step
     from deployments.runtime.generate.row_attention import use_row_groups
     from deployments.runtime.openmp import on_passing_thread
 

@@ -155,6 +155,14 @@ class GenerationConfig(_Frozen):
         description="Prompt tokens prefilled per engine iteration (between two decode steps): a long "
         "prompt is prefilled in chunks, so running streams keep their pace.",
     )
+    prefill_pack_tokens: int = Field(
+        default=1024,
+        ge=1,
+        description="Whole prompts of at most prefill_chunk_tokens waiting together are prefilled in one "
+        "pass, up to this many tokens (with row_group_attention): a burst of short prompts costs one pass, "
+        "not one per prompt with decode steps between, so its first tokens come sooner. Running streams then "
+        "pause for at most this many tokens' prefill. At most prefill_chunk_tokens: no packing.",
+    )
     max_waiting: int = Field(
         default=128, ge=1, description="Requests waiting for admission; past it: 503 with Retry-After."
     )

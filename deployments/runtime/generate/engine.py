@@ -4,7 +4,8 @@ One loop, on its own thread, owns the model. Each iteration it
 1. drops cancelled requests (a client gone, a deadline, a stop string): they leave within one step;
 2. admits waiting requests while the batch has rows and KV slots for their whole generation;
 3. prefills prompts in chunks, at most ``prefill_chunk_tokens`` per iteration, so a long prompt does
-   not stall the running streams; a prompt done gives its first token and joins the batch;
+   not stall the running streams; short prompts waiting together share one pass (``prefill_pack_tokens``),
+   so a burst costs one pass; a prompt done gives its first token and joins the batch;
 4. runs one decode step of the batch: one new token per running request.
 
 Tokens go out through each request's ``sink`` as ``TokenEvent``s; every request ends with exactly one
@@ -28,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from deployments.config import GenerationConfig
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
-from deployments.runtime.generate.row_attention import IMPLEMENTATION, plan_groups
+from deployments.runtime.generate.passes import can_pack, decode_step, prefill_pack, prefill_piece
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
 from preprocess.contracts import Priority
 
@@ -47,11 +48,16 @@ class EngineLimits:
     kv_cache_tokens: int = _CONFIG.kv_cache_tokens  # token slots per layer, padding included
     prefill_chunk_tokens: int = _CONFIG.prefill_chunk_tokens  # prompt tokens prefilled per iteration
     max_waiting: int = _CONFIG.max_waiting  # requests admitted to the queue; past it submit() refuses
+    prefill_pack_tokens: int = _CONFIG.prefill_pack_tokens  # whole short prompts prefilled in one pass
 
     @classmethod
     def of(cls, config: GenerationConfig) -> EngineLimits:
         return cls(
-            config.max_running, config.kv_cache_tokens, config.prefill_chunk_tokens, config.max_waiting
+            config.max_running,
+            config.kv_cache_tokens,
+            config.prefill_chunk_tokens,
+            config.max_waiting,
+            config.prefill_pack_tokens,
         )
 
 
@@ -93,6 +99,7 @@ class _Sequence:
     generated: list[int] = field(default_factory=list)
     cache: DynamicCache | None = None
     prefilled: int = 0
+    solo: bool = False  # was in a pack that failed: prefilled alone from now on
 
     @property
     def reserve(self) -> int:
@@ -123,6 +130,8 @@ class Engine:
         }
         self._since_batch = 0  # admissions since the last bulk one
         self._prefilling: list[_Sequence] = []
+        self._in_pass = 1  # prompts in the prefill pass under way: the ones a failure of it fails
+        self._packs = can_pack(model)
         self._running: list[_Sequence] = []
         self._batch = KVBatch(self.device)
         self._cancelled: dict[str, int] = {}  # request id -> the step count when cancel() was called
@@ -205,7 +214,12 @@ class Engine:
             if seqs is self._running:
                 self._batch = KVBatch(self.device)
                 failed = list(seqs)
-            else:  # prefill works on one prompt at a time, the head's: the ones queued behind it wait on
+            elif self._in_pass > 1:  # a pack: its prompts go again one by one, so only a bad one fails
+                for seq in seqs[: self._in_pass]:
+                    seq.solo = True
+                self._in_pass = 1
+                return
+            else:  # a prefill pass holds the head's prompt: the ones queued behind it wait on
                 failed = seqs[:1]
             del seqs[: len(failed)]
             for seq in failed:
@@ -257,30 +271,53 @@ class Engine:
     def _prefill(self) -> None:
         budget = self.limits.prefill_chunk_tokens
         while self._prefilling and budget > 0:
+            fresh = budget == self.limits.prefill_chunk_tokens  # nothing prefilled yet this iteration
+            pack = self._pack(self.limits.prefill_pack_tokens if fresh else budget)
+            if len(pack) > 1:
+                self._prefill_pack(pack)
+                return  # a pack is this iteration's prefill
             seq = self._prefilling[0]
             start = seq.prefilled
             end = min(len(seq.prompt), start + budget)
             if seq.cache is None:
                 seq.cache = DynamicCache(config=self.model.config)
-            dev = self.device
-            out = self.model(
-                input_ids=torch.tensor([seq.prompt[start:end]], device=dev),
-                attention_mask=torch.ones((1, end), dtype=torch.long, device=dev),
-                position_ids=torch.arange(start, end, device=dev)[None],
-                cache=seq.cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            logits = prefill_piece(self.model, seq.prompt, start, end, seq.cache)
             budget -= end - start
             seq.prefilled = end
             if end < len(seq.prompt):
                 return  # the budget ran out inside this prompt: the rest next iteration
-            token = next_tokens(out.logits[:, -1, :], [seq.sampler])[0]
+            token = next_tokens(logits, [seq.sampler])[0]
             if self._emit(seq, token) is None:
                 self._batch.add(seq.cache, len(seq.prompt))
                 self._running.append(seq)
             self._prefilling.pop(0)  # only now: until here a failure is this prompt's (see _guarded)
             seq.cache = None  # the batch holds it now
+
+    def _pack(self, limit: int) -> list[_Sequence]:
+        """Whole prompts from the head (none begun, none longer than a chunk), ``limit`` tokens at most."""
+        if not self._packs:
+            return []
+        pack: list[_Sequence] = []
+        tokens = 0
+        for seq in self._prefilling:
+            size = len(seq.prompt)
+            if seq.prefilled or seq.solo or size > self.limits.prefill_chunk_tokens or tokens + size > limit:
+                break
+            pack.append(seq)
+            tokens += size
+        return pack
+
+    def _prefill_pack(self, pack: list[_Sequence]) -> None:
+        self._in_pass = len(pack)
+        logits, cache, starts = prefill_pack(self.model, [seq.prompt for seq in pack])
+        tokens = next_tokens(logits, [seq.sampler for seq in pack])
+        del self._prefilling[: len(pack)]  # only now: until here a failure is the pack's (see _guarded)
+        self._in_pass = 1
+        for seq, start, token in zip(pack, starts, tokens, strict=True):
+            seq.prefilled = len(seq.prompt)
+            if self._emit(seq, token) is None:
+                self._batch.add(cache, len(seq.prompt), start)
+                self._running.append(seq)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
@@ -311,20 +348,6 @@ class Engine:
             finish = "length"
         _send(seq, TokenEvent(seq.request_id, token, finish, at=time.perf_counter()))
         return finish
-
-
-def decode_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
-    """One decode step of ``batch``, ``ids`` its rows' new tokens (rows, 1): the next-token logits (rows,
-    vocab). The batch then holds one token more per row. A model switched to grouped decode attention
-    (``row_attention.use_row_groups``) gets this step's plan."""
-    mask, positions = batch.step_inputs()
-    grouped = model.config._attn_implementation == IMPLEMENTATION
-    plan = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if grouped else {}
-    out = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True, **plan
-    )
-    batch.advance()
-    return out.logits[:, -1, :]
 
 
 def _send(seq: _Sequence, event: TokenEvent) -> None:

@@ -83,8 +83,9 @@ class KVBatch:
         """(rows, columns) the buffers hold now."""
         return (int(self._keys[0].shape[0]), int(self._keys[0].shape[2])) if self._keys else (0, 0)
 
-    def add(self, cache: DynamicCache, length: int) -> None:
-        """Append one prefilled sequence (a one-row cache of ``length`` tokens) as the last row."""
+    def add(self, cache: DynamicCache, length: int, start: int = 0) -> None:
+        """Append one prefilled sequence as the last row: ``length`` tokens of a one-row cache, from column
+        ``start`` (a packed prefill holds several prompts end to end)."""
         check_cache(cache)
         layers = cache.layers
         if not self._keys:
@@ -93,8 +94,8 @@ class KVBatch:
         self._reserve(self.rows + 1, length)
         row = self.rows
         for mine_k, mine_v, theirs in zip(self._keys, self._values, layers, strict=True):
-            mine_k[row, :, :length] = theirs.keys[0]
-            mine_v[row, :, :length] = theirs.values[0]
+            mine_k[row, :, :length] = theirs.keys[0, :, start : start + length]
+            mine_v[row, :, :length] = theirs.values[0, :, start : start + length]
         self.lengths.append(length)
         if self.cache is None:
             self.cache = DynamicCache()

@@ -12,6 +12,7 @@ Prefill (more than one query token) and any call without a plan take transformer
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -68,9 +69,13 @@ def row_group_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     row_groups: tuple[RowGroup, ...] | None = None,
+    prompt_bounds: tuple[int, ...] | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: grouped for a decode step with a plan, plain SDPA otherwise."""
+    """transformers' attention interface: grouped for a decode step with a plan, by prompt for a packed
+    prefill, plain SDPA otherwise."""
+    if prompt_bounds is not None:
+        return _packed_prefill(module, query, key, value, prompt_bounds, scaling, **kwargs), None
     if row_groups is None or query.shape[2] != 1 or len(row_groups) == 1:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
@@ -93,6 +98,34 @@ def row_group_attention(
         )
         parts.append(out)
     return torch.cat(parts), None
+
+
+def _packed_prefill(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: tuple[int, ...],
+    scaling: float | None,
+    **kwargs: object,
+) -> torch.Tensor:
+    """Prompts laid end to end in one sequence (``bounds``: where each starts, then the end): each attends
+    causally over its own tokens only, one SDPA call each, as it would alone."""
+    kwargs.pop("is_causal", None)
+    parts = []
+    for start, stop in itertools.pairwise(bounds):
+        out, _ = sdpa_attention_forward(
+            module,
+            query[:, :, start:stop],
+            key[:, :, start:stop],
+            value[:, :, start:stop],
+            None,
+            scaling=scaling,
+            is_causal=True,
+            **kwargs,
+        )
+        parts.append(out)  # (batch, tokens, heads, dim): transformers' layout after attention
+    return torch.cat(parts, dim=1)
 
 
 AttentionInterface.register(IMPLEMENTATION, row_group_attention)

@@ -24,6 +24,7 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
     assert_greedy_parity,
     drive,
     flat,
+    grouped_copy,
     mixed_requests,
     prompt,
     reference,
@@ -258,6 +259,7 @@ class FailingPrefill(torch.nn.Module):
         self.model = model
         self.poison = poison
         self.nan = nan
+        self.passes: list[int] = []  # tokens of each prefill pass
 
     @property
     def device(self) -> torch.device:
@@ -268,6 +270,8 @@ class FailingPrefill(torch.nn.Module):
         return self.model.config
 
     def forward(self, **kwargs: Any) -> Any:
+        if "logits_to_keep" in kwargs:
+            self.passes.append(int(kwargs["input_ids"].shape[1]))
         poisoned = "logits_to_keep" in kwargs and int(kwargs["input_ids"][0, 0]) == self.poison
         if poisoned and not self.nan:
             raise RuntimeError("boom in prefill")
@@ -277,10 +281,12 @@ class FailingPrefill(torch.nn.Module):
         return out
 
 
+@pytest.mark.parametrize("packs", [False, True], ids=["alone", "packed"])
 @pytest.mark.parametrize("nan", [False, True], ids=["raises", "nan-logits"])
-def test_a_failing_prefill_fails_only_its_prompt(gpt2: PreTrainedModel, nan: bool) -> None:
-    """The prompt in the failing pass gets its error; the running batch and the prompts behind go on."""
-    flaky = FailingPrefill(gpt2, poison=VOCAB - 1, nan=nan)
+def test_a_failing_prefill_fails_only_its_prompt(gpt2: PreTrainedModel, nan: bool, packs: bool) -> None:
+    """The prompt in the failing pass gets its error; the running batch and the prompts behind go on. Packed
+    with the prompt behind it, the failing pass is retried prompt by prompt: only the bad one fails."""
+    flaky = FailingPrefill(grouped_copy(gpt2) if packs else gpt2, poison=VOCAB - 1, nan=nan)
     engine = Engine(flaky, (), EngineLimits(max_running=4, prefill_chunk_tokens=64))  # type: ignore[arg-type]
     events = Events()
     running = Req("running", prompt(5, seed=810), 8)
@@ -295,6 +301,8 @@ def test_a_failing_prefill_fails_only_its_prompt(gpt2: PreTrainedModel, nan: boo
     assert final.finish == "error" and events.tokens("bad") == []
     assert final.error is not None and ("boom in prefill" in final.error or "nan" in final.error)
     assert_greedy_parity(gpt2, events, [running, behind])
+    pack = len(bad.prompt) + len(behind.prompt)
+    assert (pack in flaky.passes) is packs, flaky.passes  # a pack was tried (and failed) only where it packs
 
 
 # ---- 9. the engine's own thread ----

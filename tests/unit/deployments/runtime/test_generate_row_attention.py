@@ -12,8 +12,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from deployments.runtime.generate import row_attention
-from deployments.runtime.generate.engine import decode_step
 from deployments.runtime.generate.kv_batch import KVBatch
+from deployments.runtime.generate.passes import decode_step
 from deployments.runtime.generate.row_attention import RowGroup, plan_groups, use_row_groups
 from tests.unit.deployments.runtime.generate_support import grouped_copy, prompt
 
