@@ -9,7 +9,6 @@ the other, in one run. See bench/README.md ("Generation").
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shlex
 import subprocess
@@ -226,11 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     log(f"prompts: {prompt_info}")
     if not ns.no_design_rows:
-        from bench.generate_inprocess import design_rows
+        from bench.generate_inprocess import design_rows_apart
 
-        log("design rows (in process):")
-        run.design_rows = design_rows(ns.model_dir, ns.new_tokens, log=log, precision=ns.precision)
-        gc.collect()
+        log("design rows (in process, a child process of their own):")
+        run.design_rows = design_rows_apart(ns.model_dir, ns.new_tokens, precision=ns.precision)
     refs = reference_texts(
         ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]], ns.precision
     )

@@ -150,3 +150,15 @@ def design_rows(
         busy = "" if other is None else f", other load {other * 100:.0f} %"
         log(f"  {name:10s} {seconds:7.2f} s  ({requests} x {new_tokens} tokens{busy})")
     return rows
+
+
+def design_rows_apart(model_dir: Path, new_tokens: int = 100, precision: str = "fp32") -> list[DesignRow]:
+    """``design_rows`` in a child process of its own, which ends before the HTTP systems start: run in the
+    benchmark's own process, the rows left every system measured after them slower (the service's output
+    tokens/s at 1 and 8 clients 0.8-0.9x that of a run without them), for reasons this process's state
+    holds (two models, their allocations, threads); a process that ends holds nothing."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        rows: list[DesignRow] = pool.apply(design_rows, (model_dir, new_tokens), {"precision": precision})
+    return rows

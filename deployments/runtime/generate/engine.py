@@ -131,7 +131,7 @@ class Engine:
         self._since_batch = 0  # admissions since the last bulk one
         self._prefilling: list[_Sequence] = []
         self._in_pass = 1  # prompts in the prefill pass under way: the ones a failure of it fails
-        self._packs = can_pack(model)
+        self._packs = can_pack(model) and limits.prefill_pack_tokens > limits.prefill_chunk_tokens
         self._running: list[_Sequence] = []
         self._batch = KVBatch(self.device)
         self._cancelled: dict[str, int] = {}  # request id -> the step count when cancel() was called

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from copy import deepcopy
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from transformers import (
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
 )
 
@@ -85,6 +87,36 @@ def grouped_copy(model: PreTrainedModel, packed: bool = True) -> PreTrainedModel
     copy = packed_copy(model) if packed else deepcopy(model)
     assert use_row_groups(copy), "the model could not switch to grouped decode attention"
     return copy
+
+
+class ModelProbe(torch.nn.Module):
+    """The model as the engine sees it, noting each prefill pass's tokens and counting decode calls (the
+    engine's prefill keeps some logits, a decode step all); ``run`` is where a subclass breaks a pass."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+        self.passes: list[int] = []
+        self.decodes = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def config(self) -> PretrainedConfig:
+        return self.model.config
+
+    def forward(self, **kwargs: Any) -> Any:
+        prefill = "logits_to_keep" in kwargs
+        if prefill:
+            self.passes.append(int(kwargs["input_ids"].shape[1]))
+        else:
+            self.decodes += 1
+        return self.run(prefill, **kwargs)
+
+    def run(self, prefill: bool, **kwargs: Any) -> Any:
+        return self.model(**kwargs)
 
 
 # ---- references and helpers ----

@@ -7,9 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 from transformers import (
-    PretrainedConfig,
     PreTrainedModel,
 )
 
@@ -20,6 +18,7 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
     SAMPLED,
     VOCAB,
     Events,
+    ModelProbe,
     Req,
     assert_greedy_parity,
     drive,
@@ -201,28 +200,16 @@ def test_chunked_prefill_does_not_stall_running_streams(gpt2: PreTrainedModel) -
 # ---- 8. a failing forward pass ----
 
 
-class FailingDecode(torch.nn.Module):
+class FailingDecode(ModelProbe):
     """The model, but its ``fail_on``-th decode call (1-based) raises."""
 
     def __init__(self, model: PreTrainedModel, fail_on: int) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.fail_on = fail_on
-        self.decodes = 0
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    @property
-    def config(self) -> PretrainedConfig:
-        return self.model.config
-
-    def forward(self, **kwargs: Any) -> Any:
-        if "logits_to_keep" not in kwargs:  # the engine's prefill keeps one logit; decode keeps all
-            self.decodes += 1
-            if self.decodes == self.fail_on:
-                raise RuntimeError("boom in decode")
+    def run(self, prefill: bool, **kwargs: Any) -> Any:
+        if not prefill and self.decodes == self.fail_on:
+            raise RuntimeError("boom in decode")
         return self.model(**kwargs)
 
 
@@ -251,28 +238,16 @@ def test_a_failing_decode_fails_only_its_requests(gpt2: PreTrainedModel) -> None
     assert flaky.decodes > 2
 
 
-class FailingPrefill(torch.nn.Module):
+class FailingPrefill(ModelProbe):
     """The model, but a prefill of a prompt starting with ``poison`` raises, or gives NaN logits."""
 
     def __init__(self, model: PreTrainedModel, poison: int, nan: bool = False) -> None:
-        super().__init__()
-        self.model = model
+        super().__init__(model)
         self.poison = poison
         self.nan = nan
-        self.passes: list[int] = []  # tokens of each prefill pass
 
-    @property
-    def device(self) -> torch.device:
-        return self.model.device
-
-    @property
-    def config(self) -> PretrainedConfig:
-        return self.model.config
-
-    def forward(self, **kwargs: Any) -> Any:
-        if "logits_to_keep" in kwargs:
-            self.passes.append(int(kwargs["input_ids"].shape[1]))
-        poisoned = "logits_to_keep" in kwargs and int(kwargs["input_ids"][0, 0]) == self.poison
+    def run(self, prefill: bool, **kwargs: Any) -> Any:
+        poisoned = prefill and int(kwargs["input_ids"][0, 0]) == self.poison
         if poisoned and not self.nan:
             raise RuntimeError("boom in prefill")
         out = self.model(**kwargs)

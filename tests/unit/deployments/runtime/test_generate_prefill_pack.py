@@ -11,6 +11,7 @@ from deployments.runtime.generate.engine import Engine, EngineLimits
 from deployments.runtime.generate.passes import can_pack, prefill_pack, prefill_piece
 from tests.unit.deployments.runtime.generate_support import (
     Events,
+    ModelProbe,
     Req,
     assert_greedy_parity,
     grouped_copy,
@@ -23,26 +24,32 @@ BURST = (5, 9, 12, 7, 16)  # prompt lengths, all at most a chunk (16); the first
 
 
 @pytest.mark.parametrize(
-    ("runs_on", "pack_tokens", "prefilled_first"),
+    ("runs_on", "pack_tokens", "prefilled_first", "passes_first"),
     [
-        ("service", 48, 4),  # 5 + 9 + 12 + 7 in one pass; the 16 would pass 48
-        ("service", 64, 5),  # the whole burst
-        ("service", 16, 2),  # a pack no larger than a chunk: one prompt a pass, 16 tokens an iteration
-        ("as-loaded", 64, 2),  # without row-group attention nothing keeps packed prompts apart: no packing
+        ("service", 48, 4, [33]),  # 5 + 9 + 12 + 7 in one pass; the 16 would pass 48
+        ("service", 64, 5, [49]),  # the whole burst
+        ("service", 16, 2, [5, 9, 2]),  # packing off (not above a chunk): a pass per prompt
+        ("as-loaded", 64, 2, [5, 9, 2]),  # without row-group attention nothing keeps packed prompts apart
     ],
 )
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_a_burst_of_short_prompts_shares_one_pass(
-    arch: str, runs_on: str, pack_tokens: int, prefilled_first: int, request: pytest.FixtureRequest
+    arch: str,
+    runs_on: str,
+    pack_tokens: int,
+    prefilled_first: int,
+    passes_first: list[int],
+    request: pytest.FixtureRequest,
 ) -> None:
     model: PreTrainedModel = request.getfixturevalue(arch)
-    runs = grouped_copy(model) if runs_on == "service" else model
+    runs = ModelProbe(grouped_copy(model) if runs_on == "service" else model)
     limits = EngineLimits(max_running=8, prefill_chunk_tokens=16, prefill_pack_tokens=pack_tokens)
-    engine = Engine(runs, (), limits)
+    engine = Engine(runs, (), limits)  # type: ignore[arg-type]
     events = Events()
     reqs = [Req(f"p{i}", prompt(n, seed=900 + i), 4 + i) for i, n in enumerate(BURST)]
     submit(engine, events, reqs)
     step(engine)  # prefill, then a decode step of whatever joined
+    assert runs.passes == passes_first
     started = [r.request_id for r in reqs if events.tokens(r.request_id)]
     assert started == [r.request_id for r in reqs[:prefilled_first]]
     assert all(len(events.tokens(r)) == 2 for r in started)  # the pass's token and the step's
