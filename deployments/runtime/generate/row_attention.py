@@ -7,7 +7,8 @@ into contiguous groups (the cheapest cut, ``plan_groups``), and each group atten
 row only: its own SDPA call, the same kernel and mask, narrower. A masked column adds exactly zero, so each
 row gets the numbers it had over the full width, up to the kernel's summation order (the batch's rounding).
 
-Prefill (more than one query token) and any call without a plan take transformers' SDPA path unchanged.
+A packed prefill (``prompt_bounds``: prompts end to end) gets one causal SDPA call per prompt, over its
+own tokens; any other call without a plan takes transformers' SDPA path unchanged.
 """
 
 from __future__ import annotations
