@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from bench import generate_load as load
 from bench import generate_report as report
+from bench import generate_rounds as rounds
 from bench import generate_stats as stats
 from bench import generate_systems as systems
 from bench import machine
@@ -118,6 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--duration", type=float, default=None, help="seconds measured per point (default 60; --quick 8)"
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="start and measure the service and transformers serve this many times, the order alternating "
+        "(the naive endpoint once); each ratio is judged on its median over the rounds (default 1)",
+    )
     p.add_argument("--quick", action="store_true", help="smoke run: 2 s warm-up, 8 s per point, fewer points")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--prompts", type=int, default=256, help="size of the prompt mix (default 256)")
@@ -191,6 +200,53 @@ def describe_model(model_dir: Path, precision: str = "fp32") -> dict[str, Any]:
     return {"dir": str(model_dir), "describe": f"`{model_dir}` ({text}), {precision}", **shape}
 
 
+def _run_system(
+    name: str,
+    round_no: int,
+    ns: argparse.Namespace,
+    run: stats.GenReport,
+    entries: dict[str, stats.SystemRun],
+    prompts: list[load.Prompt],
+    refs: list[str],
+    log_dir: Path,
+    log: Callable[[str], None],
+) -> list[stats.GenPoint]:
+    """Start one system, measure every point, stop it: its points, marked with the round. A failure is
+    reported in its entry (one per system; a later round adds to its note) and the run goes on."""
+    entry = entries.get(name)
+    if entry is None:
+        what = WHAT[name].format(
+            config=ns.config,
+            version=systems.transformers_version(),
+            flags=ns.ts_flags,
+            dtype=systems.TS_DTYPES[ns.precision],
+        )
+        entry = entries[name] = stats.SystemRun(name, what)
+        run.systems.append(entry)
+    where = f"round {round_no}: " if ns.rounds > 1 else ""
+    log(f"{name}: starting ...")
+    machine.wait_quiet(0.3, ns.quiet_wait)
+    try:
+        running = start(name, ns, log_dir, entry)
+    except Exception as exc:  # reported; the run goes on with the next system
+        note = f"{where}did not start: {type(exc).__name__}: {exc}"[:600]
+        entry.note = f"{entry.note}; {note}" if entry.note else note
+        log(f"  {note}")
+        return []
+    entry.start_s = entry.start_s if entry.start_s is not None else round(running.start_s, 1)
+    log(f"  up in {running.start_s:.0f} s at {running.base_url} (log {running.log})")
+    try:
+        points, note = measure_system(running, prompts, ns, refs, log)
+        entry.ran = True
+    except Exception as exc:  # reported; the next system still runs
+        points, note = [], f"failed: {type(exc).__name__}: {exc}"[:600]
+        log(f"  {note}")
+    finally:
+        running.stop()
+    entry.note = f"{entry.note}; {where}{note}" if entry.note else f"{where}{note}"
+    return [replace(p, round=round_no) for p in points]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
@@ -232,41 +288,19 @@ def main(argv: list[str] | None = None) -> int:
     refs = reference_texts(
         ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]], ns.precision
     )
-    for name in ns.systems:
-        what = WHAT[name].format(
-            config=ns.config,
-            version=systems.transformers_version(),
-            flags=ns.ts_flags,
-            dtype=systems.TS_DTYPES[ns.precision],
-        )
-        entry = stats.SystemRun(name, what)
-        run.systems.append(entry)
-        log(f"{name}: starting ...")
-        machine.wait_quiet(0.3, ns.quiet_wait)
-        try:
-            running = start(name, ns, log_dir, entry)
-        except Exception as exc:  # reported; the run goes on with the next system
-            entry.note = f"did not start: {type(exc).__name__}: {exc}"[:600]
-            log(f"  {entry.note}")
-            continue
-        entry.start_s = round(running.start_s, 1)
-        log(f"  up in {running.start_s:.0f} s at {running.base_url} (log {running.log})")
-        try:
-            points, entry.note = measure_system(running, prompts, ns, refs, log)
-            run.points += points
-            entry.ran = True
-        except Exception as exc:  # reported; the next system still runs
-            entry.note = f"failed: {type(exc).__name__}: {exc}"[:600]
-            log(f"  {entry.note}")
-        finally:
-            running.stop()
-    run.ratios = stats.design_ratios(run.design_rows) + stats.http_ratios(
-        run.points, systems.SERVICE, systems.TRANSFORMERS_SERVE, systems.NAIVE
+    entries: dict[str, stats.SystemRun] = {}
+    for round_no in range(1, ns.rounds + 1):
+        if ns.rounds > 1:
+            log(f"round {round_no} of {ns.rounds}")
+        for name in rounds.systems_in_round(ns.systems, round_no, once=[systems.NAIVE]):
+            run.points += _run_system(name, round_no, ns, run, entries, prompts, refs, log_dir, log)
+    run.ratios = stats.design_ratios(run.design_rows) + rounds.ratios_over_rounds(
+        run.points, ns.rounds, systems.SERVICE, systems.TRANSFORMERS_SERVE, systems.NAIVE
     )
     run.finished_at = time.strftime("%Y-%m-%d %H:%M:%S")
     run.save(ns.out / "results.json")
     plot = (
-        report.plot(run.points, ns.out / "plot.png", "generation: output tokens/s and TTFT")
+        report.plot(rounds.median_points(run.points), ns.out / "plot.png", "generation: tokens/s and TTFT")
         if run.points
         else None
     )

@@ -52,6 +52,10 @@ def systems_table(systems: Sequence[SystemRun]) -> str:
     return "\n".join(lines)
 
 
+def _system(p: GenPoint) -> str:
+    return p.system if p.round == 1 or p.round == 0 else f"{p.system} (round {p.round})"
+
+
 def closed_table(points: Sequence[GenPoint]) -> str:
     lines = [
         "| system | concurrency | output tokens/s | req/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
@@ -63,8 +67,9 @@ def closed_table(points: Sequence[GenPoint]) -> str:
             continue
         tokens = f"{_n(p.mean_prompt_tokens, 0)} / {_n(p.mean_output_tokens, 0)}"
         lines.append(
-            f"| {p.system} | {p.level:g} | {_n(p.tokens_per_s)} | {_n(p.req_per_s, 2)} | {_n(p.ttft_p50_ms)} "
-            f"| {_n(p.ttft_p99_ms)} | {_n(p.itl_p50_ms)} | {_n(p.itl_p99_ms)} | {_n(p.gap_p99_ms)} "
+            f"| {_system(p)} | {p.level:g} | {_n(p.tokens_per_s)} | {_n(p.req_per_s, 2)} "
+            f"| {_n(p.ttft_p50_ms)} | {_n(p.ttft_p99_ms)} | {_n(p.itl_p50_ms)} | {_n(p.itl_p99_ms)} "
+            f"| {_n(p.gap_p99_ms)} "
             f"| {p.requests} | {p.errors} | {tokens} | {_pct(p.client_cpu)} | {_pct(p.other_load)} |"
         )
     return "\n".join(lines)
@@ -82,7 +87,7 @@ def open_table(points: Sequence[GenPoint]) -> str:
         e = p.extra
         verdict = "yes" if e.get("sustained") else f"**no**: {_cell(str(e.get('why', '')))}"
         lines.append(
-            f"| {p.system} | {p.level:g} | {e.get('drawn_req_per_s', '-')} | {_n(p.req_per_s, 2)} "
+            f"| {_system(p)} | {p.level:g} | {e.get('drawn_req_per_s', '-')} | {_n(p.req_per_s, 2)} "
             f"| {_n(p.tokens_per_s)} | {_n(p.ttft_p50_ms)} | {_n(p.ttft_p99_ms)} | {_n(p.itl_p99_ms)} "
             f"| {p.errors} ({e.get('unfinished', 0)}) | {e.get('late', 0)} | {e.get('peak_in_flight', 0)} "
             f"| {verdict} |"
@@ -104,17 +109,19 @@ def _errors_note(points: Sequence[GenPoint]) -> list[str]:
     for p in points:
         if p.error_examples:
             unit = "c=" if p.mode == CLOSED else "req/s="
-            out.append(f"- {p.system} {p.mode} {unit}{p.level:g}: " + "; ".join(p.error_examples[:3]))
+            out.append(f"- {_system(p)} {p.mode} {unit}{p.level:g}: " + "; ".join(p.error_examples[:3]))
         if p.usage_missing:
-            out.append(f"- {p.system} {p.mode} {p.level:g}: {p.usage_missing} answers had no usage")
+            out.append(f"- {_system(p)} {p.mode} {p.level:g}: {p.usage_missing} answers had no usage")
     return ["Errors and notes:", "", *out, ""] if out else []
 
 
 def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2) -> str:
     h = "#" * level
     m, o, pr = report.machine, report.options, report.prompts
-    closed = [p for p in report.points if p.mode == CLOSED]
-    opened = [p for p in report.points if p.mode == OPEN]
+    ordered = sorted(report.points, key=lambda p: (p.system, p.level, p.round))
+    closed = [p for p in ordered if p.mode == CLOSED]
+    opened = [p for p in ordered if p.mode == OPEN]
+    rounds = int(o.get("rounds") or 1)
     parts = [
         f"Command: `{report.command}`",
         "",
@@ -154,7 +161,15 @@ def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2
     if opened:
         parts += [f"{h} Open loop", "", open_table(opened), ""]
     parts += _errors_note(report.points)
-    parts += [f"{h} Ratios (same run)", "", ratios_table(report.ratios)]
+    parts += [f"{h} Ratios (same run)", ""]
+    if rounds > 1:
+        parts += [
+            f"{rounds} rounds: each compared system was started and measured once per round (the order "
+            "alternating), the naive endpoint in the first round only. First each ratio's median over the "
+            "rounds, judged against its target; then every round's own ratios.",
+            "",
+        ]
+    parts += [ratios_table(report.ratios)]
     if plot_name and report.points:
         parts += ["", f"![output tokens/s and TTFT p99 against load]({plot_name})"]
     return "\n".join(parts) + "\n"

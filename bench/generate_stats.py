@@ -53,6 +53,7 @@ class GenPoint:
     other_load: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     error_examples: list[str] = field(default_factory=list)
+    round: int = 1  # of a run of several rounds (bench/generate_rounds.py); 0: a median over rounds
 
 
 def _ms(values: Sequence[float], q: float) -> float | None:
