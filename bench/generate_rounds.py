@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from bench.generate_stats import GenPoint, GenRatio, http_ratios
+from bench.ratios import meets
 
 
 def systems_in_round(names: Sequence[str], round_no: int, once: Sequence[str]) -> list[str]:
@@ -24,15 +25,6 @@ def systems_in_round(names: Sequence[str], round_no: int, once: Sequence[str]) -
     neither side of a ratio always runs first (after the other's machine load, or on a fresh cache)."""
     chosen = [n for n in names if round_no == 1 or n not in once]
     return chosen if round_no % 2 == 1 else chosen[::-1]
-
-
-def _meets(value: float, target: str) -> bool | None:
-    op, _, bound = target.partition(" ")
-    if op == ">=":
-        return value >= float(bound)
-    if op == "<=":
-        return value <= float(bound)
-    return None
 
 
 def ratios_over_rounds(
@@ -63,7 +55,7 @@ def ratios_over_rounds(
             continue
         value = round(statistics.median(known), 3)
         detail = f"median of {len(known)} of {rounds} rounds ({listed})"
-        medians.append(replace(first, value=value, met=_meets(value, first.target), detail=detail))
+        medians.append(replace(first, value=value, met=meets(value, first.target), detail=detail))
     per_round = [
         replace(x, name=f"round {n}: {x.name}") for n, ratios in enumerate(each, start=1) for x in ratios
     ]

@@ -55,7 +55,7 @@ def _compare(
     if a is None or not b:
         return Ratio(name, None, want, None, detail)
     value = round(a / b, 2)
-    return Ratio(name, value, want, _meets(value, want), detail)
+    return Ratio(name, value, want, meets(value, want), detail)
 
 
 def _where(p: Point) -> str:
@@ -186,14 +186,14 @@ def ratios_over_rounds(report: RunReport, service_names: Sequence[str], **kwargs
             continue
         value = round(statistics.median(known), 2)
         detail = f"median of {len(known)} of {rounds} rounds ({listed})"
-        medians.append(Ratio(first.name, value, first.target, _meets(value, first.target), detail))
+        medians.append(Ratio(first.name, value, first.target, meets(value, first.target), detail))
     per_round = [
         replace(r, name=f"round {n}: {r.name}") for n, ratios in enumerate(each, start=1) for r in ratios
     ]
     return medians + per_round
 
 
-def _meets(value: float, target: str) -> bool | None:
+def meets(value: float, target: str) -> bool | None:
     """``value`` against a target as the tables write it (``>= 2``, ``<= 1``); None for context rows.
     The one place a ratio is judged: within a round and for the median over rounds."""
     op, _, bound = target.partition(" ")
