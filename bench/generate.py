@@ -133,6 +133,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", default="32,128", help="range of max_tokens per request (default 32,128)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-design-rows", action="store_true", help="skip the in-process rows")
+    p.add_argument(
+        "--design-rows-into",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="measure the design rows alone into the earlier run in DIR (its results.json), say so in its "
+        "report, and write its table.md, plot and --doc again: for rows that other load disturbed",
+    )
     p.add_argument("--new-tokens", type=int, default=100, help="new tokens per request in the design rows")
     p.add_argument(
         "--out",
@@ -247,6 +255,43 @@ def _run_system(
     return [replace(p, round=round_no) for p in points]
 
 
+def _write(run: stats.GenReport, out: Path, doc: Path | None, log: Callable[[str], None]) -> None:
+    run.save(out / "results.json")
+    points = rounds.median_points(run.points)
+    plot = report.plot(points, out / "plot.png", "generation: tokens/s and TTFT") if points else None
+    (out / "table.md").write_text(report.render(run, plot.name if plot else None))
+    if doc is not None:
+        text = doc.read_text() if doc.exists() else ""
+        rel = os.path.relpath(plot, doc.parent) if plot else None
+        doc.write_text(report.splice_doc(text, report.render(run, rel, level=3)))
+    log("\n" + report.ratios_table(run.ratios))
+    log(f"\nwrote {out / 'results.json'}, {out / 'table.md'}" + (f", {plot}" if plot else ""))
+
+
+def redo_design_rows(ns: argparse.Namespace, log: Callable[[str], None]) -> int:
+    """The design rows measured again, alone, into the run in ``ns.design_rows_into``; the report says when
+    and why (its other rows and points are that run's own)."""
+    from bench.generate_inprocess import design_rows_apart
+
+    out = ns.design_rows_into
+    run = stats.GenReport.load(out / "results.json")
+    model_dir = Path(run.model["dir"])
+    precision = str(run.options.get("precision", "fp32"))
+    machine.wait_quiet(0.3, 30.0)
+    before = ", ".join(f"{r.name} {r.seconds:.2f} s (other load {r.other_load})" for r in run.design_rows)
+    log(f"design rows again, alone (before: {before}):")
+    old = {r.name for r in stats.design_ratios(run.design_rows)}
+    run.design_rows = design_rows_apart(model_dir, ns.new_tokens, precision=precision)
+    run.options["design_rows_note"] = (
+        f"measured again alone at {time.strftime('%Y-%m-%d %H:%M:%S')} "
+        f"(`python -m bench.generate --design-rows-into {out}`), checkout "
+        f"{machine.machine_info(root=ROOT).get('git', '?')}; in the run itself: {before}"
+    )
+    run.ratios = stats.design_ratios(run.design_rows) + [r for r in run.ratios if r.name not in old]
+    _write(run, out, ns.doc, log)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
@@ -263,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     def log(text: str) -> None:
         print(text, flush=True)
 
+    if ns.design_rows_into is not None:
+        return redo_design_rows(ns, log)
     WORK_DIR.mkdir(exist_ok=True)
     ns.out.mkdir(parents=True, exist_ok=True)
     log_dir = WORK_DIR / "logs" / "generate"
@@ -298,20 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         run.points, ns.rounds, systems.SERVICE, systems.TRANSFORMERS_SERVE, systems.NAIVE
     )
     run.finished_at = time.strftime("%Y-%m-%d %H:%M:%S")
-    run.save(ns.out / "results.json")
-    plot = (
-        report.plot(rounds.median_points(run.points), ns.out / "plot.png", "generation: tokens/s and TTFT")
-        if run.points
-        else None
-    )
-    text = report.render(run, plot.name if plot else None)
-    (ns.out / "table.md").write_text(text)
-    if ns.doc is not None:
-        doc = ns.doc.read_text() if ns.doc.exists() else ""
-        rel = os.path.relpath(plot, ns.doc.parent) if plot else None
-        ns.doc.write_text(report.splice_doc(doc, report.render(run, rel, level=3)))
-    log("\n" + report.ratios_table(run.ratios))
-    log(f"\nwrote {ns.out / 'results.json'}, {ns.out / 'table.md'}" + (f", {plot}" if plot else ""))
+    _write(run, ns.out, ns.doc, log)
     return 0
 
 

@@ -150,6 +150,8 @@ def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2
             design_table(report.design_rows),
             "",
         ]
+        if o.get("design_rows_note"):
+            parts += [f"These rows were {o['design_rows_note']}.", ""]
     parts += [
         f"{h} Systems",
         "",

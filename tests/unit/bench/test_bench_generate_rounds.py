@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from bench import generate_report
+from bench import generate, generate_inprocess, generate_report, machine
 from bench.generate_rounds import median_points, ratios_over_rounds, systems_in_round
-from bench.generate_stats import CLOSED, OPEN, GenPoint, GenReport, http_ratios
+from bench.generate_stats import CLOSED, OPEN, DesignRow, GenPoint, GenReport, design_ratios, http_ratios
 
 SYSTEMS = ["service", "transformers-serve", "naive"]
 TPS_8 = "output tokens/s service / transformers-serve, c=8"
@@ -84,3 +85,27 @@ def test_the_report_names_each_rounds_points_and_explains_the_medians() -> None:
     assert "| service (round 2) | 8 | 160.0 |" in text and "| service | 8 | 140.0 |" in text
     assert "3 rounds: each compared system was started" in text
     assert f"| round 2: {TPS_8} | 1.60 | >= 1.5 | yes |" in text
+
+
+def test_design_rows_measured_again_replace_the_runs_and_say_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    no_cache = DesignRow("no-cache", "a", 14.0, 1, 100, 8.0)
+    disturbed = [no_cache, DesignRow("cache", "b", 9.8, 1, 100, 2.0, 0.32)]
+    points = _three_rounds()
+    rep = GenReport("cmd", {}, {"rounds": 3}, {"dir": str(tmp_path)}, {}, disturbed, points=points)
+    rep.ratios = design_ratios(disturbed) + ratios_over_rounds(points, 3, *SYSTEMS)
+    rep.save(tmp_path / "results.json")
+    again = [no_cache, DesignRow("cache", "b", 3.5, 1, 100, 2.0, 0.01)]
+    monkeypatch.setattr(generate_inprocess, "design_rows_apart", lambda *a, **k: again)
+    monkeypatch.setattr(machine, "wait_quiet", lambda *a, **k: None)
+    monkeypatch.setattr(machine, "machine_info", lambda **k: {"git": "abc1234"})
+
+    assert generate.main(["--design-rows-into", str(tmp_path)]) == 0
+    done = GenReport.load(tmp_path / "results.json")
+    assert done.design_rows == again and done.points == points
+    speedup = done.ratios[0]
+    assert speedup.name.startswith("KV cache speed-up") and speedup.value == pytest.approx(4.0)
+    assert len(done.ratios) == len(rep.ratios) and done.ratios[1:] == rep.ratios[1:]
+    table = (tmp_path / "table.md").read_text()
+    assert "These rows were measured again alone at" in table and "cache 9.80 s (other load 0.32)" in table
