@@ -277,7 +277,7 @@ def redo_design_rows(ns: argparse.Namespace, log: Callable[[str], None]) -> int:
     run = stats.GenReport.load(out / "results.json")
     model_dir = Path(run.model["dir"])
     precision = str(run.options.get("precision", "fp32"))
-    machine.wait_quiet(0.3, 30.0)
+    machine.wait_quiet(0.3, ns.quiet_wait)
     before = ", ".join(f"{r.name} {r.seconds:.2f} s (other load {r.other_load})" for r in run.design_rows)
     log(f"design rows again, alone (before: {before}):")
     old = {r.name for r in stats.design_ratios(run.design_rows)}

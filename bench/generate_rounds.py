@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from bench.generate_stats import GenPoint, GenRatio, http_ratios
-from bench.ratios import meets
+from bench.ratios import medians_over_rounds
 
 
 def systems_in_round(names: Sequence[str], round_no: int, once: Sequence[str]) -> list[str]:
@@ -36,30 +36,12 @@ def ratios_over_rounds(
     if rounds <= 1:
         return http_ratios(points, service, peer, naive)
     once = {p.system for p in points if p.round == 1} - {p.system for p in points if p.round > 1}
-    each = []
-    for r in range(1, rounds + 1):
-        chosen = [p for p in points if p.round == r or (p.round == 1 and p.system in once)]
-        each.append(http_ratios(chosen, service, peer, naive))
-    order: list[str] = []
-    for ratios in each:
-        order += [x.name for x in ratios if x.name not in order]
-    medians: list[GenRatio] = []
-    for name in order:
-        found = [next((x for x in ratios if x.name == name), None) for ratios in each]
-        first = next(x for x in found if x is not None)
-        values = [None if x is None else x.value for x in found]
-        known = [v for v in values if v is not None]
-        listed = ", ".join("n/a" if v is None else f"{v:.2f}" for v in values)
-        if not known:
-            medians.append(replace(first, value=None, met=None, detail=f"in no round: {first.detail}"))
-            continue
-        value = round(statistics.median(known), 3)
-        detail = f"median of {len(known)} of {rounds} rounds ({listed})"
-        medians.append(replace(first, value=value, met=meets(value, first.target), detail=detail))
-    per_round = [
-        replace(x, name=f"round {n}: {x.name}") for n, ratios in enumerate(each, start=1) for x in ratios
+    in_round = [
+        [p for p in points if p.round == r or (p.round == 1 and p.system in once)]
+        for r in range(1, rounds + 1)
     ]
-    return medians + per_round
+    each = [http_ratios(chosen, service, peer, naive) for chosen in in_round]
+    return medians_over_rounds(each, digits=3)
 
 
 def median_points(points: Sequence[GenPoint]) -> list[GenPoint]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from bench import openloop
 from bench.openloop_report import best_sustaining
@@ -176,17 +176,40 @@ def ratios_over_rounds(report: RunReport, service_names: Sequence[str], **kwargs
     if rounds == 1:
         return compute_ratios(report, service_names, **kwargs)
     each = [compute_ratios(report.in_round(r), service_names, **kwargs) for r in range(1, rounds + 1)]
-    medians: list[Ratio] = []
-    for i, first in enumerate(each[0]):
-        values = [ratios[i].value for ratios in each]
+    return medians_over_rounds(each)
+
+
+class _RatioLike(Protocol):
+    name: str
+    value: float | None
+    target: str
+    met: bool | None
+    detail: str
+
+
+R = TypeVar("R", bound=_RatioLike)
+
+
+def medians_over_rounds(each: Sequence[Sequence[R]], digits: int = 2) -> list[R]:
+    """Each ratio's median over the rounds that have it (matched by name), judged against its target,
+    then every round's own ratios, named by round. ``each``: one list of ratios per round. The encoders'
+    and the generation benchmark's ratios both go through here."""
+    order: list[str] = []
+    for ratios in each:
+        order += [r.name for r in ratios if r.name not in order]
+    medians: list[R] = []
+    for name in order:
+        found = [next((r for r in ratios if r.name == name), None) for ratios in each]
+        first = next(r for r in found if r is not None)
+        values = [None if r is None else r.value for r in found]
         known = [v for v in values if v is not None]
-        listed = ", ".join("n/a" if v is None else f"{v:.2f}" for v in values)
         if not known:
-            medians.append(Ratio(first.name, None, first.target, None, f"in no round: {first.detail}"))
+            medians.append(replace(first, value=None, met=None, detail=f"in no round: {first.detail}"))
             continue
-        value = round(statistics.median(known), 2)
-        detail = f"median of {len(known)} of {rounds} rounds ({listed})"
-        medians.append(Ratio(first.name, value, first.target, meets(value, first.target), detail))
+        value = round(statistics.median(known), digits)
+        listed = ", ".join("n/a" if v is None else f"{v:.2f}" for v in values)
+        detail = f"median of {len(known)} of {len(each)} rounds ({listed})"
+        medians.append(replace(first, value=value, met=meets(value, first.target), detail=detail))
     per_round = [
         replace(r, name=f"round {n}: {r.name}") for n, ratios in enumerate(each, start=1) for r in ratios
     ]
