@@ -1,0 +1,157 @@
+"""What an idle gap before a single text's forward pass costs, by threads and backend (in process, no Ray).
+
+    .venv/bin/python -m bench.idle_pass --model-dir models/all-MiniLM-L6-v2/1 --pauses 5,20,50,100
+    GOMP_SPINCOUNT=1000000 .venv/bin/python -m bench.idle_pass ...      # libgomp's workers spinning longer
+    .venv/bin/python -m bench.idle_pass ... --onnx-file infinity=.bench/infinity-model/model.onnx
+
+Light open-loop traffic (10 req/s) leaves the machine idle ~100 ms between requests; one client sending texts
+one after another leaves it idle a few ms. This measures a pass of one corpus text after each pause, on one
+model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), the variants taking
+turns: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
+threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning). It
+answers whether a second thread helps a lone pass at the gaps real traffic leaves (docs/architecture.md,
+"a third time").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+Pass = Callable[[np.ndarray, np.ndarray], Any]
+
+
+def parse_pauses(text: str) -> list[float]:
+    """``"5,20,100"`` (milliseconds) -> seconds."""
+    pauses = [float(p) / 1000 for p in text.split(",") if p.strip()]
+    if not pauses or any(p < 0 for p in pauses):
+        raise argparse.ArgumentTypeError(f"expected milliseconds like 5,20,100, got {text!r}")
+    return pauses
+
+
+def summary_ms(seconds: list[float]) -> tuple[float, float]:
+    """(p50, mean) in milliseconds."""
+    return 1000 * statistics.median(seconds), 1000 * statistics.fmean(seconds)
+
+
+def render(results: dict[float, dict[str, list[float]]]) -> str:
+    lines = ["| pause before each pass | variant | p50 ms | mean ms |", "|---|---|---|---|"]
+    for pause, by_variant in results.items():
+        for label, seconds in by_variant.items():
+            p50, mean = summary_ms(seconds)
+            lines.append(f"| {1000 * pause:g} ms | {label} | {p50:.2f} | {mean:.2f} |")
+    return "\n".join(lines)
+
+
+def _torch_pass(runner: Any, threads: int) -> Pass:
+    import torch
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> Any:
+        torch.set_num_threads(threads)  # this thread's count: one model thread, one OpenMP pool
+        return runner._forward(ids, mask)
+
+    return run
+
+
+def _onnx_pass(path: Path, threads: int, spinning: bool) -> Pass:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> Any:
+        feed = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in names:  # exports that keep BERT's segment input
+            feed["token_type_ids"] = np.zeros_like(ids)
+        return session.run(None, {k: v for k, v in feed.items() if k in names})
+
+    return run
+
+
+def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> dict[str, Pass]:
+    from bench.inprocess import load_model_dir, make_runner
+
+    model = load_model_dir(model_dir, precision)
+    runner = make_runner(model, "cpu", threads=1, graph="trace")
+    found: dict[str, Pass] = {
+        f"torch {precision}, 1 thread (the pipeline's copy)": _torch_pass(runner, 1),
+        f"torch {precision}, 2 threads": _torch_pass(runner, 2),
+    }
+    own = model_dir / "onnx" / "model.onnx"
+    files = ({"onnx fp32": own} if own.exists() else {}) | onnx_files
+    for label, path in files.items():
+        found[f"{label}, 1 thread"] = _onnx_pass(path, 1, spinning=False)
+        found[f"{label}, 2 threads"] = _onnx_pass(path, 2, spinning=False)
+        found[f"{label}, 2 threads, spinning"] = _onnx_pass(path, 2, spinning=True)
+    return found
+
+
+def measure(
+    passes: dict[str, Pass], inputs: list[tuple[np.ndarray, np.ndarray]], pauses: list[float]
+) -> dict[float, dict[str, list[float]]]:
+    """Each input through every variant in turn, after each pause; all on one model thread."""
+    thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    def timed(fn: Pass, ids: np.ndarray, mask: np.ndarray) -> float:
+        start = time.perf_counter()
+        fn(ids, mask)
+        return time.perf_counter() - start
+
+    results: dict[float, dict[str, list[float]]] = {}
+    for pause in pauses:
+        seen: dict[str, list[float]] = {label: [] for label in passes}
+        for ids, mask in inputs:
+            for label, fn in passes.items():
+                time.sleep(pause)
+                seen[label].append(thread.submit(timed, fn, ids, mask).result())
+        results[pause] = seen
+    thread.shutdown()
+    return results
+
+
+def corpus_inputs(model_dir: Path, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    from bench.corpus import build_corpus
+    from bench.inprocess import load_model_dir
+    from preprocess.tokenize import TextTokenizer
+
+    model = load_model_dir(model_dir)
+    tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
+    inputs = []
+    for text in build_corpus(limit=count).texts[:count]:
+        ids = tok.encode([text], truncate=True).ids.astype(np.int64)[None, :]
+        inputs.append((ids, np.ones_like(ids)))
+    return inputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model-dir", type=Path, default=Path("models/all-MiniLM-L6-v2/1"))
+    parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"))
+    parser.add_argument("--pauses", type=parse_pauses, default=parse_pauses("5,20,50,100"))
+    parser.add_argument("--texts", type=int, default=100, help="corpus texts, one pass each per variant")
+    parser.add_argument("--onnx-file", action="append", default=[], metavar="LABEL=PATH")
+    ns = parser.parse_args(argv)
+    extra = {label: Path(path) for label, _, path in (s.partition("=") for s in ns.onnx_file)}
+    from deployments.runtime.openmp import on_passing_thread
+
+    passes = on_passing_thread(lambda: variants(ns.model_dir, ns.precision, extra))
+    print(render(measure(passes, corpus_inputs(ns.model_dir, ns.texts), ns.pauses)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""bench/idle_pass.py: a lone pass after an idle gap, by threads and backend."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from bench.idle_pass import main, parse_pauses, render, summary_ms
+from deployments.repository.manifest import ResolvedModel
+
+
+def test_pauses_are_milliseconds_and_must_be_some() -> None:
+    assert parse_pauses("5,20, 100") == [0.005, 0.02, 0.1]
+    for bad in ("", "5,-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_pauses(bad)
+
+
+def test_summary_and_table_give_each_variant_its_median_and_mean() -> None:
+    assert summary_ms([0.010, 0.012, 0.020]) == pytest.approx((12.0, 14.0))
+    table = render({0.1: {"torch bf16, 1 thread": [0.010, 0.012, 0.020], "onnx, 2 threads": [0.004]}})
+    lines = table.splitlines()
+    assert lines[2] == "| 100 ms | torch bf16, 1 thread | 12.00 | 14.00 |"
+    assert lines[3] == "| 100 ms | onnx, 2 threads | 4.00 | 4.00 |"
+
+
+def test_a_short_run_measures_every_variant_at_every_pause(
+    default_model: ResolvedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = default_model.manifest_path.parent
+    assert main(["--model-dir", str(model_dir), "--texts", "2", "--pauses", "0,1"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line[:3].strip("| ").isdigit()]
+    labels = {row.split(" | ")[1] for row in rows}
+    assert {"torch bf16, 1 thread (the pipeline's copy)", "torch bf16, 2 threads"} <= labels
+    assert {row.split(" | ")[0] for row in rows} == {"| 0 ms", "| 1 ms"}
+    for row in rows:  # every cell a positive time
+        p50, mean = (float(cell) for cell in row.strip(" |").split(" | ")[2:4])
+        assert p50 > 0 and mean > 0
