@@ -6,8 +6,8 @@
 
 Light open-loop traffic (10 req/s) leaves the machine idle ~100 ms between requests; one client sending texts
 one after another leaves it idle a few ms. This measures a pass of one corpus text after each pause, on one
-model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), the variants taking
-turns: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
+model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), one variant after
+the other: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
 threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning). It
 answers whether a second thread helps a lone pass at the gaps real traffic leaves (docs/architecture.md,
 "a third time").
@@ -20,12 +20,14 @@ import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 Pass = Callable[[np.ndarray, np.ndarray], Any]
+WARM_UP = 5  # inputs run through every variant before the timed passes
 
 
 def parse_pauses(text: str) -> list[float]:
@@ -41,12 +43,16 @@ def summary_ms(seconds: list[float]) -> tuple[float, float]:
     return 1000 * statistics.median(seconds), 1000 * statistics.fmean(seconds)
 
 
-def render(results: dict[float, dict[str, list[float]]]) -> str:
-    lines = ["| pause before each pass | variant | p50 ms | mean ms |", "|---|---|---|---|"]
-    for pause, by_variant in results.items():
+def render(measured: Measured) -> str:
+    lines = [
+        "| pause before each pass | variant | p50 ms | mean ms | CPU ms per pass |",
+        "|---|---|---|---|---|",
+    ]
+    for pause, by_variant in measured.seconds.items():
         for label, seconds in by_variant.items():
             p50, mean = summary_ms(seconds)
-            lines.append(f"| {1000 * pause:g} ms | {label} | {p50:.2f} | {mean:.2f} |")
+            cpu = 1000 * measured.cpu_per_pass.get((pause, label), float("nan"))
+            lines.append(f"| {1000 * pause:g} ms | {label} | {p50:.2f} | {mean:.2f} | {cpu:.1f} |")
     return "\n".join(lines)
 
 
@@ -98,10 +104,19 @@ def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> di
     return found
 
 
+@dataclass(frozen=True)
+class Measured:
+    """Pass times (seconds) by pause and variant, and the process's CPU seconds per pass over each variant's
+    block, pauses included: what spinning workers burn between passes shows there."""
+
+    seconds: dict[float, dict[str, list[float]]]
+    cpu_per_pass: dict[tuple[float, str], float]
+
+
 def measure(
     passes: dict[str, Pass], inputs: list[tuple[np.ndarray, np.ndarray]], pauses: list[float]
-) -> dict[float, dict[str, list[float]]]:
-    """Each input through every variant in turn, after each pause; all on one model thread."""
+) -> Measured:
+    """Every input through each variant, a pause before each pass; all on one model thread."""
     thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
 
     def timed(fn: Pass, ids: np.ndarray, mask: np.ndarray) -> float:
@@ -109,16 +124,24 @@ def measure(
         fn(ids, mask)
         return time.perf_counter() - start
 
+    for ids, mask in inputs[:WARM_UP]:  # first passes pay lazy init (OpenMP pools, ORT arenas): not timed
+        for fn in passes.values():
+            thread.submit(fn, ids, mask).result()
     results: dict[float, dict[str, list[float]]] = {}
+    cpu: dict[tuple[float, str], float] = {}
     for pause in pauses:
-        seen: dict[str, list[float]] = {label: [] for label in passes}
-        for ids, mask in inputs:
-            for label, fn in passes.items():
+        seen: dict[str, list[float]] = {}
+        for label, fn in passes.items():  # one variant at a time: its passes follow its own, as in a server
+            time.sleep(0.5)  # ONNX Runtime's spinning workers from the variant before are asleep again
+            seen[label] = []
+            cpu_before = time.process_time()
+            for ids, mask in inputs:
                 time.sleep(pause)
                 seen[label].append(thread.submit(timed, fn, ids, mask).result())
+            cpu[pause, label] = (time.process_time() - cpu_before) / len(inputs)
         results[pause] = seen
     thread.shutdown()
-    return results
+    return Measured(results, cpu)
 
 
 def corpus_inputs(model_dir: Path, count: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from bench.idle_pass import main, parse_pauses, render, summary_ms
+from bench.idle_pass import Measured, main, parse_pauses, render, summary_ms
 from deployments.repository.manifest import ResolvedModel
 
 
@@ -19,10 +19,11 @@ def test_pauses_are_milliseconds_and_must_be_some() -> None:
 
 def test_summary_and_table_give_each_variant_its_median_and_mean() -> None:
     assert summary_ms([0.010, 0.012, 0.020]) == pytest.approx((12.0, 14.0))
-    table = render({0.1: {"torch bf16, 1 thread": [0.010, 0.012, 0.020], "onnx, 2 threads": [0.004]}})
-    lines = table.splitlines()
-    assert lines[2] == "| 100 ms | torch bf16, 1 thread | 12.00 | 14.00 |"
-    assert lines[3] == "| 100 ms | onnx, 2 threads | 4.00 | 4.00 |"
+    seconds = {0.1: {"torch bf16, 1 thread": [0.010, 0.012, 0.020], "onnx, 2 threads": [0.004]}}
+    cpu = {(0.1, "torch bf16, 1 thread"): 0.015, (0.1, "onnx, 2 threads"): 0.0605}
+    lines = render(Measured(seconds, cpu)).splitlines()
+    assert lines[2] == "| 100 ms | torch bf16, 1 thread | 12.00 | 14.00 | 15.0 |"
+    assert lines[3] == "| 100 ms | onnx, 2 threads | 4.00 | 4.00 | 60.5 |"
 
 
 def test_a_short_run_measures_every_variant_at_every_pause(
@@ -35,5 +36,5 @@ def test_a_short_run_measures_every_variant_at_every_pause(
     assert {"torch bf16, 1 thread (the pipeline's copy)", "torch bf16, 2 threads"} <= labels
     assert {row.split(" | ")[0] for row in rows} == {"| 0 ms", "| 1 ms"}
     for row in rows:  # every cell a positive time
-        p50, mean = (float(cell) for cell in row.strip(" |").split(" | ")[2:4])
-        assert p50 > 0 and mean > 0
+        p50, mean, cpu = (float(cell) for cell in row.strip(" |").split(" | ")[2:5])
+        assert p50 > 0 and mean > 0 and cpu > 0
