@@ -69,11 +69,9 @@ def _torch_pass(runner: Any, threads: int) -> Pass:
 def _onnx_pass(path: Path, threads: int, spinning: bool) -> Pass:
     import onnxruntime as ort
 
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    from deployments.runtime.onnx_runner import session_options  # the service's own settings
+
+    opts = session_options(threads, spinning)
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
 

@@ -9,14 +9,15 @@ from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
 
 
-def session_options(threads: int | None) -> ort.SessionOptions:
+def session_options(threads: int | None, spinning: bool = False) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    # Spinning intra-op threads starve the other replicas sharing a few cores (measured: 12 -> 22 req/s).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # Spinning intra-op threads starve the other replicas sharing a few cores (measured: 12 -> 22 req/s);
+    # ``spinning`` is for measuring what they would give (bench/idle_pass.py).
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     return opts
 
 
