@@ -13,11 +13,33 @@ from typing import Any
 PACKAGES = ("ray", "torch", "transformers", "onnxruntime-gpu", "onnxruntime", "tokenizers", "aiohttp")
 
 
-def cpu_model(cpuinfo: str) -> str:
+# Instruction sets that decide how fast a model's matrix products run (bf16, int8, AMX tiles).
+MATMUL_FLAGS = ("avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+
+
+def _cpu_fields(cpuinfo: str) -> dict[str, str]:
+    """The first processor's ``key: value`` lines of /proc/cpuinfo."""
+    fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
-        if line.lower().startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
+        if not line.strip():
+            break
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    return fields
+
+
+def cpu_model(cpuinfo: str) -> str:
+    """The model name, with family/model and the matmul instruction sets: a VM's "AMD EPYC" names no
+    generation, and two generations behind that name ran the same model's pass at twice the speed."""
+    fields = _cpu_fields(cpuinfo)
+    name = fields.get("model name") or platform.processor() or "unknown"
+    detail = []
+    if "cpu family" in fields and "model" in fields:
+        detail.append(f"family {fields['cpu family']} model {fields['model']}")
+    flags = set(fields.get("flags", "").split())
+    detail += [flag for flag in MATMUL_FLAGS if flag in flags]
+    return f"{name} ({', '.join(detail)})" if detail else name
 
 
 def mem_total_gib(meminfo: str) -> float | None:

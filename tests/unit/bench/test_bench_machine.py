@@ -17,6 +17,9 @@ from bench.machine import (
 
 def test_cpu_model_and_memory_from_proc_text() -> None:
     assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags: x\n") == "AMD EPYC 7B13"
+    zen5 = "cpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx512f avx512_bf16 sse\n"
+    second_cpu = "\nprocessor\t: 1\nflags\t\t: fpu amx_bf16\n"  # only the first processor is read
+    assert cpu_model(zen5 + second_cpu) == "AMD EPYC (family 26 model 2, avx512f, avx512_bf16)"
     assert mem_total_gib("MemTotal:       24576000 kB\nMemFree: 1 kB\n") == 23.4
     assert mem_total_gib("nothing") is None
 
