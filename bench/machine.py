@@ -31,7 +31,7 @@ def _cpu_fields(cpuinfo: str) -> dict[str, str]:
 
 def cpu_model(cpuinfo: str) -> str:
     """The model name, with family/model and the matmul instruction sets: a VM's "AMD EPYC" names no
-    generation, and two generations behind that name ran the same model's pass at twice the speed."""
+    generation, and two hosts behind that name ran the same model's pass 1.4-1.6 times apart."""
     fields = _cpu_fields(cpuinfo)
     name = fields.get("model name") or platform.processor() or "unknown"
     detail = []
