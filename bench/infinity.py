@@ -25,6 +25,11 @@ from bench.peer_venv import PeerUnavailable, ensure_peer_venv
 INFINITY_VERSION = "0.0.78"
 EXTRAS = "server,torch,optimum"
 ENGINES = ("torch", "optimum")
+# Infinity's own default level: uvicorn writes an access line per request, as the service writes one
+# (observability.access_log, on in serve_config.yaml). Like for like: until 4 December the peer ran at
+# "warning", without its access line, against the service with its own. Each costs its server about a
+# tenth of its single-text throughput at concurrency 8 on 2 cores (docs/benchmarks.md, "Access logs").
+LOG_LEVEL = "info"
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,7 @@ def command(
         "--port",
         str(port),
         "--log-level",
-        "warning",  # no access log, like the other servers here
+        LOG_LEVEL,
     ]
     if dtype:
         cmd += ["--dtype", dtype]

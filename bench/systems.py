@@ -128,7 +128,10 @@ def infinity_server(
     return ProcessServer(
         name=config.label,
         kind="infinity",
-        description=f"Infinity {infinity.INFINITY_VERSION} {config.flags} --device cpu --batch-size 32",
+        description=(
+            f"Infinity {infinity.INFINITY_VERSION} {config.flags} --device cpu --batch-size 32"
+            f" --log-level {infinity.LOG_LEVEL}"
+        ),
         embeddings_path="/embeddings",
         health_path="/health",
         launch=launch,

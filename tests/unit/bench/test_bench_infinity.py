@@ -31,12 +31,15 @@ def test_each_configuration_is_a_distinct_command() -> None:
     assert all(
         _flag(c, "--pooling-method") == "mean" and _flag(c, "--port") == "7000" for c, _ in cmds.values()
     )
+    # Like for like: the service writes an access line per request by default, so the peer keeps its own.
+    assert all(_flag(c, "--log-level") == "info" for c, _ in cmds.values())
 
 
 def test_servers_and_cli_choices_follow_the_configurations(tmp_path: Path) -> None:
     for config in infinity.CONFIGS:
         server = systems.infinity_server(ENV, config, tmp_path, tmp_path)
         assert server.name == config.label and config.flags in server.description
+        assert "--log-level info" in server.description
         assert config.label in SYSTEM_CHOICES
     with pytest.raises(ValueError, match="unknown Infinity engine"):
         infinity.command(ENV, "tensorrt", tmp_path, 7000, "m")
