@@ -27,8 +27,8 @@ EXTRAS = "server,torch,optimum"
 ENGINES = ("torch", "optimum")
 # Infinity's own default level: uvicorn writes an access line per request, as the service writes one
 # (observability.access_log, on in serve_config.yaml). Like for like: until 4 December the peer ran at
-# "warning", without its access line, against the service with its own. Each costs its server about a
-# tenth of its single-text throughput at concurrency 8 on 2 cores (docs/benchmarks.md, "Access logs").
+# "warning", without its access line, against the service with its own. What each line costs its server:
+# docs/benchmarks.md, "Access logs".
 LOG_LEVEL = "info"
 
 
