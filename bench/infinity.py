@@ -26,7 +26,7 @@ INFINITY_VERSION = "0.0.78"
 EXTRAS = "server,torch,optimum"
 ENGINES = ("torch", "optimum")
 # Infinity's own default level: uvicorn writes an access line per request, as the service writes one
-# (observability.access_log, on in serve_config.yaml). Like for like: until 4 December the peer ran at
+# (observability.access_log, on by default). Like for like: until 4 December the peer ran at
 # "warning", without its access line, against the service with its own. What each line costs its server:
 # docs/benchmarks.md, "Access logs".
 LOG_LEVEL = "info"
