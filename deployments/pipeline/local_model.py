@@ -25,6 +25,7 @@ from deployments.pipeline.group_runner import Answers, Group, GroupRun, OutputMa
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
+from deployments.runtime.heap import freeze_loaded_heap
 from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
@@ -147,6 +148,9 @@ class LocalModels:
             except Exception:  # small groups keep going to Inference; the service is no worse off
                 log.exception("could not load version %s in the pipeline replica", version)
                 continue
+            # Before the copy takes requests: the one full collection this costs runs while small groups
+            # still go to Inference, and later ones no longer scan the copy's heap (runtime/heap.py).
+            await loop.run_in_executor(None, freeze_loaded_heap)
             self._loaded[version] = local
 
     async def _device(self, version: str) -> str:

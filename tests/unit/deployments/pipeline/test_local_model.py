@@ -4,16 +4,21 @@ another runs start at once on another thread, each gets its own answers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+from collections.abc import Iterator
 
 import numpy as np
+import pytest
 
 from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.setup import setup_replica
-from deployments.pipeline.local_model import LocalModel
+from deployments.pipeline import local_model
+from deployments.pipeline.local_model import LocalModel, LocalModels
 from deployments.pipeline.stage_work import TokenizeWork
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime import heap
 from postprocess.contracts import ModelOutput
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import ModelExecutionError, ServiceError
@@ -69,3 +74,44 @@ def test_with_one_worker_the_second_group_waits_for_the_first(default_model: Res
     # the second then ran on the same thread, after it.
     assert all(isinstance(a, ModelExecutionError) for a in answers)
     assert len(set(threads)) == 1
+
+
+class _CpuDevice:
+    def remote(self) -> object:
+        async def answer() -> str:
+            return "cpu"
+
+        return answer()
+
+
+class _CpuInference:
+    """An Inference handle that answers at once that its model runs on a CPU."""
+
+    device = _CpuDevice()
+
+
+@pytest.fixture
+def _unfrozen() -> Iterator[None]:
+    yield
+    gc.unfreeze()
+
+
+@pytest.mark.usefixtures("_unfrozen")
+def test_the_copy_is_frozen_out_of_full_collections_before_it_takes_groups(
+    default_model: ResolvedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(heap.RAY_SWITCH, raising=False)
+    tracing = setup_replica(ObservabilityConfig())
+    models = LocalModels({"1": default_model}, {"1": _CpuInference()}, RuntimeConfig(), tracing, workers=1)
+    served_at_freeze: list[LocalModel | None] = []
+
+    def freeze() -> int:
+        served_at_freeze.append(models.get("1"))
+        return heap.freeze_loaded_heap()
+
+    monkeypatch.setattr(local_model, "freeze_loaded_heap", freeze)
+    asyncio.run(models._load_each())
+    copy = models.get("1")
+    assert served_at_freeze == [None] and copy is not None  # frozen first, then served
+    tracked = {id(o) for o in gc.get_objects()}
+    assert id(copy) not in tracked and id(copy._runner) not in tracked
