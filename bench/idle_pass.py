@@ -8,7 +8,8 @@ Light open-loop traffic (10 req/s) leaves the machine idle ~100 ms between reque
 one after another leaves it idle a few ms. This measures a pass of one corpus text after each pause, on one
 model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), one variant after
 the other: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
-threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning). It
+threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning, and
+spinning only within a run: ``session.force_spinning_stop``). It
 answers whether a second thread helps a lone pass at the gaps real traffic leaves (docs/architecture.md,
 "a third time").
 """
@@ -66,12 +67,12 @@ def _torch_pass(runner: Any, threads: int) -> Pass:
     return run
 
 
-def _onnx_pass(path: Path, threads: int, spinning: bool) -> Pass:
+def _onnx_pass(path: Path, threads: int, spinning: bool, stop_after_run: bool = False) -> Pass:
     import onnxruntime as ort
 
     from deployments.runtime.onnx_runner import session_options  # the service's own settings
 
-    opts = session_options(threads, spinning)
+    opts = session_options(threads, spinning, stop_spinning_after_run=stop_after_run)
     session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
 
@@ -99,6 +100,9 @@ def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> di
         found[f"{label}, 1 thread"] = _onnx_pass(path, 1, spinning=False)
         found[f"{label}, 2 threads"] = _onnx_pass(path, 2, spinning=False)
         found[f"{label}, 2 threads, spinning"] = _onnx_pass(path, 2, spinning=True)
+        found[f"{label}, 2 threads, spinning within a run only"] = _onnx_pass(
+            path, 2, spinning=True, stop_after_run=True
+        )
     return found
 
 

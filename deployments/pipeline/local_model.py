@@ -6,6 +6,7 @@ costs about 2.5 ms of the ~24 ms a short text takes from one client (docs/archit
 Larger groups still go to Inference, whose batches span the pipeline's groups. The copy is loaded only once
 the version's Inference replica says it runs its model on a CPU: on a GPU the model runs in Inference
 alone (the pipeline replica holds no GPU). Until the copy is loaded, small groups go to Inference too.
+A group that finds no other running takes both cores where that was measured (runtime/lone_pass.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
 from deployments.runtime.heap import freeze_loaded_heap
+from deployments.runtime.lone_pass import LonePass
 from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
@@ -71,6 +73,12 @@ class LocalModel:
         # Each worker runs its group's passes with intra_op_threads (one by default): two groups at once
         # use both cores, where one group on a single thread would leave the other core idle.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-model")
+        self._lone = (
+            LonePass.for_copy(model, self._runner, runtime.verify_checksums)
+            if runtime.lone_pass == "auto"
+            else None
+        )
+        self._running = 0  # groups in the copy now: a group that finds none runs as a lone pass
         log.info("small groups run in the pipeline replica: %s on CPU", self._runner.backend)
 
     async def infer(self, group: Group) -> Answers:
@@ -78,11 +86,20 @@ class LocalModel:
         arrived_ns = time.time_ns()
         started: list[int] = []
 
+        lone = self._lone if self._running == 0 else None
+        runner, executor = (
+            (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
+        )
+
         def run() -> GroupRun:
             started.append(time.time_ns())  # the wait for this replica's model thread ends here
-            return run_groups(self._runner, [group], self._limits, self._output)
+            return run_groups(runner, [group], self._limits, self._output)
 
-        result = await asyncio.get_running_loop().run_in_executor(self._executor, run)
+        self._running += 1
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(executor, run)
+        finally:
+            self._running -= 1
         end_ns = time.time_ns()
         if result.sequences:
             elapsed = (end_ns - started[0]) / 1e9

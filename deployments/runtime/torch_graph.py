@@ -25,7 +25,7 @@ MAX_PROB_DIFF = 1e-3  # class probabilities
 
 
 class TraceMismatchError(RuntimeError):
-    """The traced graph does not reproduce the eager model; the error names the shape and the gap."""
+    """A graph (traced, or a lone pass's ONNX export) does not reproduce its reference: names shape, gap."""
 
 
 def pool(hidden: torch.Tensor, attention: torch.Tensor, pooling: str | None, normalize: bool) -> torch.Tensor:
@@ -130,22 +130,23 @@ def traced_head(
     for shape in CHECK_SHAPES:
         ids, mask = check_batch(*shape, vocab, device)
         want, got = eager(ids, mask), traced(ids, mask)
-        _compare(task, shape, want, got)
+        compare_outputs(task, shape, want, got)
     return traced
 
 
-def _compare(task: str, shape: tuple[int, int, int], want: torch.Tensor, got: torch.Tensor) -> None:
+def compare_outputs(
+    task: str, shape: tuple[int, int, int], want: torch.Tensor, got: torch.Tensor, what: str = "traced graph"
+) -> None:
+    """``got`` (from ``what``) against ``want`` within the backend parity bar, or ``TraceMismatchError``."""
     if want.shape != got.shape:
         raise TraceMismatchError(
-            f"traced graph gives shape {tuple(got.shape)} for {shape}, eager {tuple(want.shape)}"
+            f"{what} gives shape {tuple(got.shape)} for {shape}, expected {tuple(want.shape)}"
         )
     if task != "embed":  # probabilities, logits, sparse weights: relative to their scale
         gap = float((want - got).abs().max()) / max(1.0, float(want.abs().max()))
         if gap > MAX_PROB_DIFF:
-            raise TraceMismatchError(f"traced outputs differ by {gap:.2e} at {shape} (max {MAX_PROB_DIFF})")
+            raise TraceMismatchError(f"{what}: outputs differ by {gap:.2e} at {shape} (max {MAX_PROB_DIFF})")
         return
     cosine = float(torch.nn.functional.cosine_similarity(want, got, dim=1).min())
     if not cosine >= MIN_COSINE:
-        raise TraceMismatchError(
-            f"traced vectors at cosine {cosine:.6f} to eager at {shape} (min {MIN_COSINE})"
-        )
+        raise TraceMismatchError(f"{what}: vectors at cosine {cosine:.6f} at {shape} (min {MIN_COSINE})")

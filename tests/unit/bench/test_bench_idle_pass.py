@@ -38,3 +38,18 @@ def test_a_short_run_measures_every_variant_at_every_pause(
     for row in rows:  # every cell a positive time
         p50, mean, cpu = (float(cell) for cell in row.strip(" |").split(" | ")[2:5])
         assert p50 > 0 and mean > 0 and cpu > 0
+
+
+def test_an_onnx_export_adds_its_thread_and_spinning_variants(
+    onnx_model: ResolvedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = onnx_model.onnx_file.parent.parent  # the version directory: <it>/onnx/model.onnx
+    assert main(["--model-dir", str(model_dir), "--texts", "1", "--pauses", "0"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0 ms")]
+    labels = {row.split(" | ")[1] for row in rows}
+    assert {
+        "onnx fp32, 1 thread",
+        "onnx fp32, 2 threads",
+        "onnx fp32, 2 threads, spinning",
+        "onnx fp32, 2 threads, spinning within a run only",
+    } <= labels

@@ -5,44 +5,54 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 import pytest
 
-from deployments.config import ObservabilityConfig, RuntimeConfig
+from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.setup import setup_replica
 from deployments.pipeline import local_model
 from deployments.pipeline.local_model import LocalModel, LocalModels
 from deployments.pipeline.stage_work import TokenizeWork
 from deployments.repository.manifest import ResolvedModel
-from deployments.runtime import heap
+from deployments.repository.resolve import resolve_model
+from deployments.runtime import heap, lone_pass
+from deployments.runtime.runner_base import BatchRunner
 from postprocess.contracts import ModelOutput
 from preprocess.contracts import TokenizeJob
 from preprocess.errors import ModelExecutionError, ServiceError
 
 
-def _local(model: ResolvedModel, workers: int) -> tuple[LocalModel, TokenizeWork]:
+def _local(
+    model: ResolvedModel, workers: int, lone_pass: Literal["auto", "off"] = "off"
+) -> tuple[LocalModel, TokenizeWork]:
     tracing = setup_replica(ObservabilityConfig())
-    return LocalModel(model, RuntimeConfig(), BatchMetrics(), tracing, workers), TokenizeWork(model, tracing)
+    runtime = RuntimeConfig(lone_pass=lone_pass)
+    return LocalModel(model, runtime, BatchMetrics(), tracing, workers), TokenizeWork(model, tracing)
 
 
-def _held_forward(local: LocalModel, parties: int, timeout_s: float = 5.0) -> list[str]:
-    """Make every forward pass wait (up to ``timeout_s``) until ``parties`` passes are in it at once; the
-    names of the threads that ran them."""
+def _held_forward(
+    local: LocalModel, parties: int, timeout_s: float = 5.0, runners: list[BatchRunner] | None = None
+) -> list[str]:
+    """Make every forward pass of ``runners`` (the copy's) wait (up to ``timeout_s``) until ``parties``
+    passes are in them at once; the names of the threads that ran them."""
     barrier = threading.Barrier(parties, timeout=timeout_s)
-    runner = local._runner
-    forward = runner._forward
     threads: list[str] = []
+    for runner in runners or [local._runner]:
+        forward = runner._forward
 
-    def held(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        threads.append(threading.current_thread().name)
-        barrier.wait()  # BrokenBarrierError (the pass fails) when the other group never starts beside it
-        return forward(ids, mask)
+        def held(ids: np.ndarray, mask: np.ndarray, forward: Any = forward) -> np.ndarray:
+            threads.append(threading.current_thread().name)
+            barrier.wait()  # BrokenBarrierError (the pass fails) when the other group never starts beside it
+            return forward(ids, mask)
 
-    runner._forward = held  # type: ignore[method-assign]
+        runner._forward = held  # type: ignore[method-assign]
     return threads
 
 
@@ -115,3 +125,50 @@ def test_the_copy_is_frozen_out_of_full_collections_before_it_takes_groups(
     assert served_at_freeze == [None] and copy is not None  # frozen first, then served
     tracked = {id(o) for o in gc.get_objects()}
     assert id(copy) not in tracked and id(copy._runner) not in tracked
+
+
+_affinity = os.sched_getaffinity  # the real one: two_cpus replaces os's for the replica's code
+
+
+@pytest.fixture
+def two_cpus(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The replica may use two CPUs (where lone passes were measured), whatever this machine has."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("pinning a lone pass's two threads needs two CPUs")
+    two = set(allowed[:2])
+    monkeypatch.setattr(lone_pass.os, "sched_getaffinity", lambda pid: two)
+    return two
+
+
+def test_a_group_alone_runs_on_both_pinned_cores_and_gives_the_copys_answers(
+    onnx_repository: Path, two_cpus: set[int]
+) -> None:
+    served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
+    local, tokenize = _local(served, workers=2, lone_pass="auto")
+    one_thread, _ = _local(served, workers=2)
+    assert local._lone is not None and one_thread._lone is None
+    caller = local._lone.executor.submit(_affinity, 0).result()
+    assert caller == {min(two_cpus)}  # ONNX Runtime's worker gets the other (session option)
+    threads = _held_forward(local, parties=1, runners=[local._runner, local._lone.runner])
+    for text in TEXTS:
+        group = tokenize.encode([TokenizeJob([text])])
+        got = asyncio.run(local.infer(group))[0]
+        want = asyncio.run(one_thread.infer(group))[0]
+        assert isinstance(got, ModelOutput) and isinstance(want, ModelOutput)
+        cosine = float(np.dot(got.values[0], want.values[0]))  # normalized embeddings
+        assert cosine >= 0.9999
+    assert threads == ["lone-pass_0", "lone-pass_0"]
+
+
+def test_a_group_that_forms_while_another_runs_takes_the_one_thread_copy(
+    onnx_repository: Path, two_cpus: set[int]
+) -> None:
+    served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
+    local, tokenize = _local(served, workers=2, lone_pass="auto")
+    assert local._lone is not None
+    threads = _held_forward(local, parties=2, runners=[local._runner, local._lone.runner])
+    answers = asyncio.run(_groups_at_once(local, tokenize))
+    assert all(isinstance(a, ModelOutput) for a in answers)
+    assert sorted(threads) == ["local-model_0", "lone-pass_0"]  # both in a pass at once, one each
+    assert local._running == 0
