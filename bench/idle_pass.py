@@ -9,7 +9,8 @@ one after another leaves it idle a few ms. This measures a pass of one corpus te
 model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), one variant after
 the other: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
 threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning, and
-spinning only within a run: ``session.force_spinning_stop``). It
+spinning only within a run: ``session.force_spinning_stop``), and the service's lone pass where the machine
+allows one (two threads pinned to two CPUs, deployments/runtime/lone_pass.py). It
 answers whether a second thread helps a lone pass at the gaps real traffic leaves (docs/architecture.md,
 "a third time").
 """
@@ -85,6 +86,31 @@ def _onnx_pass(path: Path, threads: int, spinning: bool, stop_after_run: bool = 
     return run
 
 
+def _lone_pass(export_dir: Path) -> tuple[str, Pass] | None:
+    """The service's lone pass (deployments/runtime/lone_pass.py) on the export, where this machine allows it:
+    its calls go through its own pinned thread, as in the pipeline replica."""
+    import os
+
+    from bench.inprocess import load_model_dir
+    from deployments.runtime.lone_pass import LonePass, placement
+    from preprocess.tokenize import pad_token_id
+
+    where = placement(os.sched_getaffinity(0))
+    if where is None:
+        return None
+    export = load_model_dir(export_dir, "fp32")
+    lone = LonePass(export, pad_token_id(export.tokenizer_file), where)
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> Any:
+        return lone.executor.submit(lone.runner._forward, ids, mask).result()
+
+    label = (
+        f"onnx fp32, the lone pass: 2 threads pinned (caller CPU {where.caller_cpu}, worker CPU "
+        f"{where.worker_cpu}), spinning within a run only"
+    )
+    return label, run
+
+
 def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> dict[str, Pass]:
     from bench.inprocess import load_model_dir, make_runner
 
@@ -103,6 +129,9 @@ def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> di
         found[f"{label}, 2 threads, spinning within a run only"] = _onnx_pass(
             path, 2, spinning=True, stop_after_run=True
         )
+    lone = _lone_pass(own.parent) if own.exists() else None
+    if lone is not None:
+        found[lone[0]] = lone[1]
     return found
 
 

@@ -132,6 +132,14 @@ class RuntimeConfig(_Frozen):
         "and the export's manifest and outputs agree with the copy's (checked at load; else one thread, "
         "logged). Light load on 2 cores: docs/architecture.md, A lone pass on both cores.",
     )
+    lone_pass_max_overlap: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="A group runs as a lone pass only while at most this share of recent groups arrived "
+        "while another ran in the copy: an overlapped lone pass slows both groups (three threads on two "
+        "cores). 1: whenever the copy is idle.",
+    )
     bulk_nice: Annotated[int, Field(ge=0, le=19)] | Literal["idle"] = Field(
         default=0,
         description="The OS CPU priority of the replicas that only see large groups: Tokenizer and "

@@ -74,7 +74,7 @@ class LocalModel:
         # use both cores, where one group on a single thread would leave the other core idle.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-model")
         self._lone = (
-            LonePass.for_copy(model, self._runner, runtime.verify_checksums)
+            LonePass.for_copy(model, self._runner, runtime.verify_checksums, runtime.lone_pass_max_overlap)
             if runtime.lone_pass == "auto"
             else None
         )
@@ -86,7 +86,7 @@ class LocalModel:
         arrived_ns = time.time_ns()
         started: list[int] = []
 
-        lone = self._lone if self._running == 0 else None
+        lone = self._lone if self._lone is not None and self._lone.takes(self._running) else None
         runner, executor = (
             (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
         )

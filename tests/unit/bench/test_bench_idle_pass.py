@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 
 from bench.idle_pass import Measured, main, parse_pauses, render, summary_ms
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.lone_pass import placement
 
 
 def test_pauses_are_milliseconds_and_must_be_some() -> None:
@@ -53,3 +55,6 @@ def test_an_onnx_export_adds_its_thread_and_spinning_variants(
         "onnx fp32, 2 threads, spinning",
         "onnx fp32, 2 threads, spinning within a run only",
     } <= labels
+    lone = [label for label in labels if label.startswith("onnx fp32, the lone pass")]
+    # Only where the service would use one: exactly two CPUs allowed (deployments/runtime/lone_pass.py).
+    assert len(lone) == (placement(os.sched_getaffinity(0)) is not None)
