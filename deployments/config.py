@@ -136,9 +136,10 @@ class RuntimeConfig(_Frozen):
         default=0.25,
         ge=0.0,
         le=1.0,
-        description="A group runs as a lone pass only while at most this share of recent groups arrived "
-        "while another ran in the copy: an overlapped lone pass slows both groups (three threads on two "
-        "cores). 1: whenever the copy is idle.",
+        description="While at most this share of recent groups arrived while another ran in the copy, "
+        "groups run on the lone pass one after another (a group that forms during one waits for it); "
+        "above it, beside each other on one thread each (a lone pass beside another group slows both: "
+        "three threads on two cores). 1: always the lone pass; 0: only while no recent group overlapped.",
     )
     bulk_nice: Annotated[int, Field(ge=0, le=19)] | Literal["idle"] = Field(
         default=0,

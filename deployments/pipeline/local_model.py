@@ -6,7 +6,7 @@ costs about 2.5 ms of the ~24 ms a short text takes from one client (docs/archit
 Larger groups still go to Inference, whose batches span the pipeline's groups. The copy is loaded only once
 the version's Inference replica says it runs its model on a CPU: on a GPU the model runs in Inference
 alone (the pipeline replica holds no GPU). Until the copy is loaded, small groups go to Inference too.
-A group that finds no other running takes both cores where that was measured (runtime/lone_pass.py).
+At light load groups take both cores, one after another, where that was measured (runtime/lone_pass.py).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class LocalModel:
             if runtime.lone_pass == "auto"
             else None
         )
-        self._running = 0  # groups in the copy now: a group that finds none runs as a lone pass
+        self._running = 0  # groups in the copy now, on either runner
+        self._beside = 0  # of them, on the one-thread copy: a lone pass never queues behind those
         log.info("small groups run in the pipeline replica: %s on CPU", self._runner.backend)
 
     async def infer(self, group: Group) -> Answers:
@@ -86,10 +87,16 @@ class LocalModel:
         arrived_ns = time.time_ns()
         started: list[int] = []
 
-        lone = self._lone if self._lone is not None and self._lone.takes(self._running) else None
+        lone = (
+            self._lone
+            if self._lone is not None and self._lone.takes(self._running, behind=self._beside == 0)
+            else None
+        )
         runner, executor = (
             (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
         )
+        beside = lone is None
+        self._beside += beside
 
         def run() -> GroupRun:
             started.append(time.time_ns())  # the wait for this replica's model thread ends here
@@ -100,6 +107,7 @@ class LocalModel:
             result = await asyncio.get_running_loop().run_in_executor(executor, run)
         finally:
             self._running -= 1
+            self._beside -= beside
         end_ns = time.time_ns()
         if result.sequences:
             elapsed = (end_ns - started[0]) / 1e9

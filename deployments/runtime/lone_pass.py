@@ -1,4 +1,4 @@
-"""A group that runs alone in the pipeline's CPU copy gets both cores: ONNX Runtime on two pinned threads.
+"""At light load the pipeline's CPU copy runs each group on both cores: ONNX Runtime on two pinned threads.
 
 The copy runs each group on one intra-op thread, so that two groups at once use both cores. But at light
 load (one client, or an open-loop rate up to a few tens of requests a second) a group usually runs alone
@@ -103,22 +103,29 @@ def check_agrees(served: BatchRunner, lone: BatchRunner, vocab: int) -> None:
 
 @dataclass(slots=True)
 class Overlaps:
-    """The share of recent groups that arrived while another ran in the copy, an exponentially weighted
-    average over arrivals: the chance that a lone pass started now gets a second group beside it. Then three
-    threads share the two cores and both groups slow down (open-loop p99 at 60 req/s 1.56 x Infinity's
-    with lone passes whenever the copy was idle, against 1.29 x without). One client sending texts one
-    after another never overlaps; 8 at once nearly always do."""
+    """Which runner a group takes, from the share of recent groups that arrived while another ran in the
+    copy (an exponentially weighted average over arrivals). While that share is at most ``max_overlap``,
+    groups run on the lone pass one after another: a group that forms during a lone pass waits for it
+    (~5 ms) on its thread. Run beside it on the one-thread copy instead, three threads share the two cores
+    and both groups slow down: in one run, two rounds, open-loop p50 at 20-60 req/s 12.6-14.9 ms waiting
+    against 14.4-19.6 beside (docs/architecture.md). Above the share, as under closed-loop load (8 clients
+    nearly always overlap), groups run beside each other on one thread each, which uses both cores
+    without a wait; a lone pass then never starts beside a group on the copy."""
 
+    max_overlap: float = 1.0
     weight: float = 1 / 16
     share: float = 0.0
 
-    def arrived(self, busy: bool) -> None:
-        self.share += self.weight * (float(busy) - self.share)
+    def takes(self, running: int, behind: bool = False) -> bool:
+        """Whether a group that arrives with ``running`` groups in the copy runs on the lone pass.
+        ``behind``: every running group is on the lone pass, so this one can queue behind them."""
+        self.share += self.weight * (float(running > 0) - self.share)
+        return (running == 0 or behind) and self.share <= self.max_overlap
 
 
 class LonePass:
-    """The export on two intra-op threads, ``where`` pinned, run from its own (pinned) thread. A group runs
-    as a lone pass only while at most ``max_overlap`` of recent groups overlapped (``Overlaps``)."""
+    """The export on two intra-op threads, ``where`` pinned, run from its own (pinned) thread; ``takes``
+    says whether a group runs on it (``Overlaps``)."""
 
     def __init__(
         self, export: ResolvedModel, pad_id: int, where: Placement, max_overlap: float = 1.0
@@ -131,13 +138,10 @@ class LonePass:
         # pid 0: the calling thread only, here the executor's one thread
         self.executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
         self.where = where
-        self.max_overlap = max_overlap
-        self.overlaps = Overlaps()
+        self.overlaps = Overlaps(max_overlap)
 
-    def takes(self, running: int) -> bool:
-        """Whether a group that arrives with ``running`` groups in the copy runs as a lone pass."""
-        self.overlaps.arrived(running > 0)
-        return running == 0 and self.overlaps.share <= self.max_overlap
+    def takes(self, running: int, behind: bool = False) -> bool:
+        return self.overlaps.takes(running, behind)
 
     @classmethod
     def for_copy(
@@ -183,4 +187,4 @@ def _vocab_size(weights: Path) -> int:
     return int(read_json(weights / "config.json").get("vocab_size", 1000))
 
 
-__all__ = ["LonePass", "Placement", "check_agrees", "load_export", "placement"]
+__all__ = ["LonePass", "Overlaps", "Placement", "check_agrees", "load_export", "placement"]

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -30,10 +31,13 @@ from preprocess.errors import ModelExecutionError, ServiceError
 
 
 def _local(
-    model: ResolvedModel, workers: int, lone_pass: Literal["auto", "off"] = "off"
+    model: ResolvedModel,
+    workers: int,
+    lone_pass: Literal["auto", "off"] = "off",
+    max_overlap: float = 0.25,
 ) -> tuple[LocalModel, TokenizeWork]:
     tracing = setup_replica(ObservabilityConfig())
-    runtime = RuntimeConfig(lone_pass=lone_pass)
+    runtime = RuntimeConfig(lone_pass=lone_pass, lone_pass_max_overlap=max_overlap)
     return LocalModel(model, runtime, BatchMetrics(), tracing, workers), TokenizeWork(model, tracing)
 
 
@@ -161,14 +165,41 @@ def test_a_group_alone_runs_on_both_pinned_cores_and_gives_the_copys_answers(
     assert threads == ["lone-pass_0", "lone-pass_0"]
 
 
-def test_a_group_that_forms_while_another_runs_takes_the_one_thread_copy(
+def test_at_light_load_a_group_that_forms_during_a_lone_pass_waits_for_it_on_its_thread(
     onnx_repository: Path, two_cpus: set[int]
 ) -> None:
     served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
     local, tokenize = _local(served, workers=2, lone_pass="auto")
     assert local._lone is not None
+    in_pass = threading.Semaphore(1)  # a second pass at once would find it taken
+    overlapped: list[bool] = []
+    runner = local._lone.runner
+    forward = runner._forward
+
+    def alone(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        overlapped.append(not in_pass.acquire(blocking=False))
+        try:
+            time.sleep(0.05)  # long enough for the second group to arrive during it
+            return forward(ids, mask)
+        finally:
+            in_pass.release()
+
+    runner._forward = alone  # type: ignore[method-assign]
+    threads = _held_forward(local, parties=1, runners=[local._runner])  # records any pass on the copy
+    answers = asyncio.run(_groups_at_once(local, tokenize))
+    assert all(isinstance(a, ModelOutput) for a in answers)
+    assert overlapped == [False, False] and threads == []  # both on the lone pass, one after the other
+    assert local._running == 0 and local._beside == 0
+
+
+def test_once_recent_groups_overlap_a_group_that_forms_while_another_runs_takes_the_one_thread_copy(
+    onnx_repository: Path, two_cpus: set[int]
+) -> None:
+    served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
+    local, tokenize = _local(served, workers=2, lone_pass="auto", max_overlap=0.0)
+    assert local._lone is not None
     threads = _held_forward(local, parties=2, runners=[local._runner, local._lone.runner])
     answers = asyncio.run(_groups_at_once(local, tokenize))
     assert all(isinstance(a, ModelOutput) for a in answers)
     assert sorted(threads) == ["local-model_0", "lone-pass_0"]  # both in a pass at once, one each
-    assert local._running == 0
+    assert local._running == 0 and local._beside == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 from pathlib import Path
@@ -16,7 +17,14 @@ from deployments.config import ModelConfig
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import ready_runner
-from deployments.runtime.lone_pass import LonePass, Placement, check_agrees, load_export, placement
+from deployments.runtime.lone_pass import (
+    LonePass,
+    Overlaps,
+    Placement,
+    check_agrees,
+    load_export,
+    placement,
+)
 from deployments.runtime.runner_base import BatchRunner
 from deployments.runtime.torch_graph import TraceMismatchError
 
@@ -110,3 +118,33 @@ def test_outputs_that_differ_from_the_copys_are_refused(served: ResolvedModel, c
     check_agrees(copy, lone.runner, vocab=1000)  # the real export agrees
     with pytest.raises(TraceMismatchError, match="cosine"):
         check_agrees(copy, _Shifted(copy), vocab=1000)
+
+
+def test_a_lone_pass_stops_while_recent_groups_overlap_and_comes_back() -> None:
+    rule = Overlaps(max_overlap=0.25)
+    assert all(rule.takes(running=0) for _ in range(50))  # one client: never overlaps
+    assert rule.share == 0.0
+    assert not rule.takes(running=1)  # never beside a group on the one-thread copy
+    assert rule.takes(running=1, behind=True)  # but behind lone passes, while few overlap
+    busy = 2
+    while rule.share <= 0.25:  # a burst: arrivals keep finding the copy busy
+        assert not rule.takes(running=1)
+        busy += 1
+    assert busy == math.ceil(math.log(0.75) / math.log(1 - rule.weight))  # share = 1 - (1 - w) ** busy
+    for _ in range(16):  # the burst goes on: groups run beside each other on one thread each
+        assert not rule.takes(running=1, behind=True)
+    peak = rule.share
+    idle = 1
+    while not rule.takes(running=0):  # idle arrivals, yet the last ones overlapped
+        idle += 1
+    # back once the burst has faded from the average: share = peak * (1 - w) ** idle
+    assert idle == math.ceil(math.log(0.25 / peak) / math.log(1 - rule.weight)) > 1
+
+
+def test_with_no_bound_every_group_runs_on_the_lone_pass() -> None:
+    rule = Overlaps(max_overlap=1.0)
+    for _ in range(100):
+        assert rule.takes(running=2, behind=True)
+    assert rule.share > 0.99
+    assert rule.takes(running=0)
+    assert not rule.takes(running=1, behind=False)
