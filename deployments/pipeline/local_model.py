@@ -88,9 +88,7 @@ class LocalModel:
         started: list[int] = []
 
         lone = (
-            self._lone
-            if self._lone is not None and self._lone.takes(self._running, behind=self._beside == 0)
-            else None
+            self._lone if self._lone is not None and self._lone.takes(self._running, self._beside) else None
         )
         runner, executor = (
             (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)

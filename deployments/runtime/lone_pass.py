@@ -116,11 +116,11 @@ class Overlaps:
     weight: float = 1 / 16
     share: float = 0.0
 
-    def takes(self, running: int, behind: bool = False) -> bool:
-        """Whether a group that arrives with ``running`` groups in the copy runs on the lone pass.
-        ``behind``: every running group is on the lone pass, so this one can queue behind them."""
+    def takes(self, running: int, beside: int) -> bool:
+        """Whether a group that arrives with ``running`` groups in the copy, ``beside`` of them on the
+        one-thread copy, runs on the lone pass (queued behind any lone passes running)."""
         self.share += self.weight * (float(running > 0) - self.share)
-        return (running == 0 or behind) and self.share <= self.max_overlap
+        return beside == 0 and self.share <= self.max_overlap
 
 
 class LonePass:
@@ -140,8 +140,8 @@ class LonePass:
         self.where = where
         self.overlaps = Overlaps(max_overlap)
 
-    def takes(self, running: int, behind: bool = False) -> bool:
-        return self.overlaps.takes(running, behind)
+    def takes(self, running: int, beside: int) -> bool:
+        return self.overlaps.takes(running, beside)
 
     @classmethod
     def for_copy(

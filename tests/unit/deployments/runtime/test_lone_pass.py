@@ -122,20 +122,20 @@ def test_outputs_that_differ_from_the_copys_are_refused(served: ResolvedModel, c
 
 def test_a_lone_pass_stops_while_recent_groups_overlap_and_comes_back() -> None:
     rule = Overlaps(max_overlap=0.25)
-    assert all(rule.takes(running=0) for _ in range(50))  # one client: never overlaps
+    assert all(rule.takes(running=0, beside=0) for _ in range(50))  # one client: never overlaps
     assert rule.share == 0.0
-    assert not rule.takes(running=1)  # never beside a group on the one-thread copy
-    assert rule.takes(running=1, behind=True)  # but behind lone passes, while few overlap
+    assert not rule.takes(running=1, beside=1)  # never beside a group on the one-thread copy
+    assert rule.takes(running=1, beside=0)  # but behind lone passes, while few overlap
     busy = 2
     while rule.share <= 0.25:  # a burst: arrivals keep finding the copy busy
-        assert not rule.takes(running=1)
+        assert not rule.takes(running=1, beside=1)
         busy += 1
     assert busy == math.ceil(math.log(0.75) / math.log(1 - rule.weight))  # share = 1 - (1 - w) ** busy
     for _ in range(16):  # the burst goes on: groups run beside each other on one thread each
-        assert not rule.takes(running=1, behind=True)
+        assert not rule.takes(running=1, beside=0)
     peak = rule.share
     idle = 1
-    while not rule.takes(running=0):  # idle arrivals, yet the last ones overlapped
+    while not rule.takes(running=0, beside=0):  # idle arrivals, yet the last ones overlapped
         idle += 1
     # back once the burst has faded from the average: share = peak * (1 - w) ** idle
     assert idle == math.ceil(math.log(0.25 / peak) / math.log(1 - rule.weight)) > 1
@@ -144,7 +144,7 @@ def test_a_lone_pass_stops_while_recent_groups_overlap_and_comes_back() -> None:
 def test_with_no_bound_every_group_runs_on_the_lone_pass() -> None:
     rule = Overlaps(max_overlap=1.0)
     for _ in range(100):
-        assert rule.takes(running=2, behind=True)
+        assert rule.takes(running=2, beside=0)
     assert rule.share > 0.99
-    assert rule.takes(running=0)
-    assert not rule.takes(running=1, behind=False)
+    assert rule.takes(running=0, beside=0)
+    assert not rule.takes(running=1, beside=1)
