@@ -87,9 +87,9 @@ class LocalModel:
         arrived_ns = time.time_ns()
         started: list[int] = []
 
-        lone = (
-            self._lone if self._lone is not None and self._lone.takes(self._running, self._beside) else None
-        )
+        lone = self._lone
+        if lone is not None and not lone.overlaps.takes(self._running, self._beside):
+            lone = None
         runner, executor = (
             (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
         )

@@ -124,8 +124,8 @@ class Overlaps:
 
 
 class LonePass:
-    """The export on two intra-op threads, ``where`` pinned, run from its own (pinned) thread; ``takes``
-    says whether a group runs on it (``Overlaps``)."""
+    """The export on two intra-op threads, ``where`` pinned, run from its own (pinned) thread; ``overlaps``
+    says whether a group runs on it."""
 
     def __init__(
         self, export: ResolvedModel, pad_id: int, where: Placement, max_overlap: float = 1.0
@@ -139,9 +139,6 @@ class LonePass:
         self.executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
         self.where = where
         self.overlaps = Overlaps(max_overlap)
-
-    def takes(self, running: int, beside: int) -> bool:
-        return self.overlaps.takes(running, beside)
 
     @classmethod
     def for_copy(
