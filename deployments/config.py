@@ -362,11 +362,14 @@ class PipelineConfig(_Frozen):
         le=1.0,
         description="Share of requests that name no version sent to the candidate version (canary).",
     )
-    # A group this small is tokenized and serialized by the pipeline replica itself: the two hops to the
-    # stage replicas cost more than the work (single texts, one client: p50 33.8 -> 24.0 ms). Larger groups
-    # go to the stages, which work beside the pipeline (32-text requests: 258 seq/s offloaded, 205 inline).
+    # A group this small is tokenized and serialized by the pipeline replica itself (and, for a CPU model,
+    # run on its copy): the hops to the stage replicas cost more than the work. 8192 (about 45 corpus texts,
+    # or one 32-text request) rather than 2048: under open-loop load a backlog of a few longer texts passed
+    # 2048, took the three hops and made the tail; A/B, two rounds: p99 at 30/60 req/s 34/41 and 30/39 ms
+    # against 50/47 and 36/44, 32-text requests 389 against 358-363 seq/s (docs/architecture.md). Larger
+    # groups (several 32-text requests, bulk) still go to the stages, which work beside the pipeline.
     inline_chars: int = Field(
-        default=2048,
+        default=8192,
         ge=0,
         le=1_000_000,
         description="Groups with at most this many characters skip the Tokenizer and Serializer "

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from ray import serve
 
+from deployments.config import PipelineConfig
 from tests.integration.conftest import APP, DEFAULT_MODEL
 from tests.integration.texts import near_limit
 
@@ -120,9 +121,10 @@ def _leave_behind_a_busy_model(url: str, headers: dict[str, str] | None = None) 
     raise AssertionError(f"a {4 * BUSY_TEXTS}-text request ended within 0.8 s: no queue to leave from")
 
 
-# Over the pipeline's inline_chars (2048), so it goes to Inference and queues behind the big request (a
-# small group would run on the pipeline's own copy of the model at once, behind nothing).
-SECOND = [f"text {i} that nobody will wait for, long enough to leave the pipeline" for i in range(48)]
+# Over the pipeline's inline_chars, so it goes to Inference and queues behind the big request (a small
+# group would run on the pipeline's own copy of the model at once, behind nothing).
+SECOND = [f"text {i} that nobody will wait for, long enough to leave the pipeline " * 3 for i in range(48)]
+assert sum(map(len, SECOND)) > PipelineConfig().inline_chars
 
 
 def test_a_disconnected_client_costs_no_model_time(base_url: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from ray import serve
 
+from deployments.config import PipelineConfig
 from tests.integration.conftest import (
     APP,
     DEFAULT_MODEL,
@@ -190,9 +191,10 @@ def test_model_b_overload_rollout_and_replica_death_leave_model_a_alone(
 
     url = f"{serve_harness.url}{ROUTE}/predict"
     a_body = {"model": A, "texts": ["a fine day", "a bad day"]}
-    # B's probe is over the pipeline's inline_chars (2048), so it goes through B's Inference: a small request
-    # would be answered by the pipeline's own copy of the model even while B's Inference is dead.
-    b_body = {"model": B, "texts": [f"probe text {i}: a fine day, " + "word " * 12 for i in range(32)]}
+    # B's probe is over the pipeline's inline_chars, so it goes through B's Inference: a small request would
+    # be answered by the pipeline's own copy of the model even while B's Inference is dead.
+    b_body = {"model": B, "texts": [f"probe text {i}: a fine day, " + "word " * 60 for i in range(32)]}
+    assert sum(map(len, b_body["texts"])) > PipelineConfig().inline_chars
     flood_body = {
         "model": B,
         "texts": [f"flood text {i}: " + "word " * (4 + i % 12) for i in range(B_FLOOD_TEXTS)],

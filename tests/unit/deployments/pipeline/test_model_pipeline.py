@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from deployments.config import ObservabilityConfig, RuntimeConfig
+from deployments.config import ObservabilityConfig, PipelineConfig, RuntimeConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.batching import BatchLimits
 from deployments.pipeline.group_runner import OutputMaker, run_groups
@@ -84,6 +84,13 @@ def pipeline(default_model: ResolvedModel) -> tuple[ModelDeployment, _Handle, _H
     return deployment, tokenizer, serializer
 
 
+def _large_group() -> list[list[str]]:
+    """40 one-text requests, over the default inline_chars together."""
+    texts = [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(40)]
+    assert sum(len(t[0]) for t in texts) > PipelineConfig().inline_chars
+    return texts
+
+
 def _run(deployment: ModelDeployment, texts: list[list[str]]) -> list[SerializedResponse | ServiceError]:
     options = ResponseOptions(route="embeddings")
     jobs = [PipelineJob(TokenizeJob(t), options, version="1") for t in texts]
@@ -99,7 +106,7 @@ def test_a_small_group_skips_the_stage_replicas(pipeline) -> None:
 
 def test_a_large_group_goes_to_the_stage_replicas_with_the_same_answers(pipeline) -> None:
     deployment, tokenizer, serializer = pipeline
-    texts = [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(12)]  # over inline_chars
+    texts = _large_group()
     assert sum(len(t[0]) for t in texts) > deployment._config.inline_chars
     offloaded = _run(deployment, texts)
     assert (tokenizer.encode.calls, serializer.serialize.calls) == (1, 1)
@@ -111,7 +118,7 @@ def test_a_large_group_goes_to_the_stage_replicas_with_the_same_answers(pipeline
 
 def test_a_large_interactive_group_stays_here_while_bulk_work_holds_the_stages(pipeline) -> None:
     deployment, tokenizer, serializer = pipeline
-    texts = [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(12)]  # over inline_chars
+    texts = _large_group()
     options = ResponseOptions(route="embeddings")
     deployment._groups.scheduler.started("batch")  # a bulk group is in the stages
 
@@ -211,8 +218,8 @@ def test_a_cpu_models_small_group_runs_on_its_local_copy_with_inferences_answers
 def test_a_large_group_still_goes_to_inference(local_pipeline) -> None:
     deployment, inference = local_pipeline
     before = inference.infer.calls
-    answers = _run(deployment, [["the quick brown fox jumps over the lazy dog " * 5] for _ in range(12)])
-    assert inference.infer.calls == before + 1 and len(answers) == 12
+    answers = _run(deployment, _large_group())
+    assert inference.infer.calls == before + 1 and len(answers) == 40
 
 
 def test_a_bad_request_fails_alone_on_the_local_copy(local_pipeline) -> None:
