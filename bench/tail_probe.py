@@ -1,0 +1,125 @@
+"""Which open-loop requests make the tail: latency by the text's token count, and the slowest 1 %.
+
+    .venv/bin/python -m bench.tail_probe --url http://127.0.0.1:8000/v1/embeddings --rates 30,60
+    .venv/bin/python -m bench.tail_probe --url http://127.0.0.1:7997/embeddings --rates 30,60   # Infinity
+
+Against a server that is already running (start it yourself: ``serve run serve_config.yaml``, or Infinity
+as bench/infinity.py starts it). Single corpus texts arrive as a Poisson process (``bench.openloop``'s
+schedule and picks), latency runs from the scheduled time to the answer, and each answer is kept with its
+text's token count. If the slowest 1 % are the longest texts, the tail is the model's own pass; if they hold
+short texts too, it is something a request met on its way (docs/architecture.md: "the tail was the long
+path"). Loopback only, bounded by ``--seconds`` per rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from bench.corpus import build_corpus
+from bench.openloop import drive, pick_bodies, poisson_schedule
+
+BINS = (0, 32, 64, 128)  # token-count bins' lower edges; the last bin is open above
+WARM_UP_S = 3.0  # arrivals before this are sent but not counted
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    tokens: int
+    latency_s: float
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    return sorted_values[int(q * (len(sorted_values) - 1))]
+
+
+def by_length(answers: Sequence[Answered], bins: Sequence[int] = BINS) -> list[str]:
+    """One line per token-count bin: count, p50, p90 and max latency (ms); empty bins are left out."""
+    lines = []
+    edges = [*bins, None]
+    for lo, hi in itertools.pairwise(edges):
+        sel = sorted(a.latency_s for a in answers if a.tokens >= lo and (hi is None or a.tokens < hi))
+        if sel:
+            span = f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
+            lines.append(
+                f"  tokens {span}: n {len(sel)}, p50 {statistics.median(sel) * 1e3:.1f}, "
+                f"p90 {_quantile(sel, 0.9) * 1e3:.1f}, max {sel[-1] * 1e3:.1f} ms"
+            )
+    return lines
+
+
+def slowest(answers: Sequence[Answered], share: float = 0.01) -> list[Answered]:
+    """The slowest ``share`` of the answers (at least one), slowest first."""
+    if not answers:
+        return []
+    return sorted(answers, key=lambda a: -a.latency_s)[: max(1, int(len(answers) * share))]
+
+
+async def probe(
+    url: str, model: str, rate: float, seconds: float, texts: list[str], tokens: list[int]
+) -> list[Answered]:
+    bodies = [json.dumps({"input": t, "model": model}).encode() for t in texts]
+    schedule = poisson_schedule(rate, seconds + WARM_UP_S, seed=int(rate * 1000))
+    picks = pick_bodies(len(schedule), len(bodies), seed=int(rate))
+    async with aiohttp.ClientSession(headers={"Content-Type": "application/json"}) as session:
+
+        async def send(i: int) -> tuple[bool, str]:
+            try:
+                async with session.post(url, data=bodies[picks[i]]) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                return False, f"{type(exc).__name__}: {exc}"
+            return resp.status == 200, "" if resp.status == 200 else f"HTTP {resp.status}"
+
+        result = await drive(schedule, send, drain_s=10.0)
+    if result.problems:
+        print(f"  failed requests, e.g. {result.problems[0]}")
+    return [
+        Answered(tokens[picks[i]], a.done - a.scheduled)
+        for i, a in enumerate(result.arrivals)
+        if a.scheduled >= WARM_UP_S and a.ok and a.done is not None
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.tail_probe", description=__doc__.split("\n")[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", default="all-MiniLM-L6-v2")
+    parser.add_argument("--rates", default="30,60", help="req/s, comma-separated")
+    parser.add_argument("--seconds", type=float, default=40.0, help="measured per rate (after 3 s warm-up)")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="default: all-MiniLM-L6-v2's")
+    args = parser.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from bench.naive_server import default_model_dir
+
+    texts = list(build_corpus().texts)
+    tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer or default_model_dir()))
+    tokens = [len(ids) for ids in tokenizer(texts)["input_ids"]]
+    for rate in (float(r) for r in args.rates.split(",")):
+        answers = asyncio.run(probe(args.url, args.model, rate, args.seconds, texts, tokens))
+        if not answers:
+            print(f"{rate:g} req/s: no answers")
+            continue
+        lat = sorted(a.latency_s for a in answers)
+        print(
+            f"{rate:g} req/s: n {len(lat)}, p50 {statistics.median(lat) * 1e3:.1f}, "
+            f"p90 {_quantile(lat, 0.9) * 1e3:.1f}, p99 {_quantile(lat, 0.99) * 1e3:.1f} ms"
+        )
+        print("\n".join(by_length(answers)))
+        top = slowest(answers)
+        print(
+            f"  slowest 1 %: tokens {[a.tokens for a in top]}, ms {[round(a.latency_s * 1e3) for a in top]}"
+        )
+
+
+if __name__ == "__main__":
+    main()
