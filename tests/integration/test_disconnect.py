@@ -25,7 +25,13 @@ from tests.integration.texts import near_limit
 
 pytestmark = pytest.mark.integration
 
-BUSY_TEXTS = 256  # long enough on CPU (> 1 s) that the second request queues behind it
+# Long enough on CPU (~2 s alone) that the second request queues behind it, short enough to end well within
+# the service's 30-s deadline while the suite's other work shares the cores (256 texts took ~8 s alone, and
+# past 30 s once in a full run while a broken app's build retries ran beside it: a 504, and its batch, still
+# on the model, counted in the next test). A machine that ends it too soon for the client to leave gets a
+# bigger one.
+BUSY_TEXTS = 64
+BUSY_SIZES = (BUSY_TEXTS, 2 * BUSY_TEXTS, 4 * BUSY_TEXTS, 8 * BUSY_TEXTS)
 # A client's hang-up reaches the queued request within this; a big request that ends sooner can let the second
 # run before its cancellation arrives (seen once in CI: 48 texts computed for a client gone), showing nothing.
 CANCEL_MARGIN_S = 0.3
@@ -48,6 +54,14 @@ def _wait_running(sequences: int, timeout_s: float = 60.0) -> None:
     while _batching()["running"] < sequences:
         assert time.monotonic() < deadline, f"no batch of {sequences} sequences ran within {timeout_s} s"
         time.sleep(0.02)
+
+
+def _wait_idle(timeout_s: float = 60.0) -> None:
+    """Until no batch runs: a big request of an earlier test or try must not count in this one's sequences."""
+    deadline = time.monotonic() + timeout_s
+    while _batching()["running"]:
+        assert time.monotonic() < deadline, f"Inference still busy after {timeout_s} s"
+        time.sleep(0.05)
 
 
 def _ingress_replica_url() -> str:
@@ -112,13 +126,14 @@ def _leave_behind_a_busy_model(url: str, headers: dict[str, str] | None = None) 
     """The second client leaves while the big request still runs: (outcome, texts computed, busy texts).
     A big request that ended before the client left shows nothing (the second ran behind nothing): it is
     tried again, twice as big."""
-    for busy_texts in (BUSY_TEXTS, 2 * BUSY_TEXTS, 4 * BUSY_TEXTS):
+    for busy_texts in BUSY_SIZES:
+        _wait_idle()
         before = _sequences()
         outcome = _busy_then_second(url, SECOND, 0.3, headers, busy_texts)
         time.sleep(1.0)  # had the second request not been dropped, its batch would run now
         if outcome.busy_outlived:
             return outcome, _sequences() - before, busy_texts
-    raise AssertionError(f"a {4 * BUSY_TEXTS}-text request ended within 0.8 s: no queue to leave from")
+    raise AssertionError(f"a {BUSY_SIZES[-1]}-text request ended within 0.8 s: no queue to leave from")
 
 
 # Over the pipeline's inline_chars, so it goes to Inference and queues behind the big request (a small
@@ -130,6 +145,7 @@ assert sum(map(len, SECOND)) > PipelineConfig().inline_chars
 def test_a_disconnected_client_costs_no_model_time(base_url: str) -> None:
     url = _ingress_replica_url()  # base_url: the session instance is up
     # Control: a client that waits is computed after the big request (so the measurement can fail).
+    _wait_idle()
     before = _sequences()
     control = _busy_then_second(url, SECOND, None)
     assert (control.busy_status, control.second) == (200, "200")
