@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import itertools
 import json
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ import aiohttp
 
 from bench.corpus import build_corpus
 from bench.openloop import drive, pick_bodies, poisson_schedule
+from bench.results import percentile
 
 BINS = (0, 32, 64, 128)  # token-count bins' lower edges; the last bin is open above
 WARM_UP_S = 3.0  # arrivals before this are sent but not counted
@@ -37,10 +37,6 @@ class Answered:
     latency_s: float
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    return sorted_values[int(q * (len(sorted_values) - 1))]
-
-
 def by_length(answers: Sequence[Answered], bins: Sequence[int] = BINS) -> list[str]:
     """One line per token-count bin: count, p50, p90 and max latency (ms); empty bins are left out."""
     lines = []
@@ -50,8 +46,8 @@ def by_length(answers: Sequence[Answered], bins: Sequence[int] = BINS) -> list[s
         if sel:
             span = f"{lo}-{hi - 1}" if hi is not None else f"{lo}+"
             lines.append(
-                f"  tokens {span}: n {len(sel)}, p50 {statistics.median(sel) * 1e3:.1f}, "
-                f"p90 {_quantile(sel, 0.9) * 1e3:.1f}, max {sel[-1] * 1e3:.1f} ms"
+                f"  tokens {span}: n {len(sel)}, p50 {percentile(sel, 50) * 1e3:.1f}, "
+                f"p90 {percentile(sel, 90) * 1e3:.1f}, max {sel[-1] * 1e3:.1f} ms"
             )
     return lines
 
@@ -111,8 +107,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         lat = sorted(a.latency_s for a in answers)
         print(
-            f"{rate:g} req/s: n {len(lat)}, p50 {statistics.median(lat) * 1e3:.1f}, "
-            f"p90 {_quantile(lat, 0.9) * 1e3:.1f}, p99 {_quantile(lat, 0.99) * 1e3:.1f} ms"
+            f"{rate:g} req/s: n {len(lat)}, p50 {percentile(lat, 50) * 1e3:.1f}, "
+            f"p90 {percentile(lat, 90) * 1e3:.1f}, p99 {percentile(lat, 99) * 1e3:.1f} ms"
         )
         print("\n".join(by_length(answers)))
         top = slowest(answers)

@@ -11,6 +11,7 @@ HAProxy the request's deadline is what surely drops it: a client with its own ti
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,21 +48,22 @@ def _sequences() -> int:
     return int(_batching()["sequences"])
 
 
-def _wait_running(sequences: int, timeout_s: float = 60.0) -> None:
-    """Until Inference runs a batch of at least ``sequences``. A fixed pause was not enough on a busy machine:
-    the second request, tokenized sooner than the big one, reached the model first (CI: 304 computed)."""
+def _wait_batching(done: Callable[[dict[str, Any]], bool], what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while _batching()["running"] < sequences:
-        assert time.monotonic() < deadline, f"no batch of {sequences} sequences ran within {timeout_s} s"
+    while not done(_batching()):
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s} s"
         time.sleep(0.02)
 
 
-def _wait_idle(timeout_s: float = 60.0) -> None:
+def _wait_running(sequences: int) -> None:
+    """Until Inference runs a batch of at least ``sequences``. A fixed pause was not enough on a busy machine:
+    the second request, tokenized sooner than the big one, reached the model first (CI: 304 computed)."""
+    _wait_batching(lambda s: s["running"] >= sequences, f"a batch of {sequences} sequences running")
+
+
+def _wait_idle() -> None:
     """Until no batch runs: a big request of an earlier test or try must not count in this one's sequences."""
-    deadline = time.monotonic() + timeout_s
-    while _batching()["running"]:
-        assert time.monotonic() < deadline, f"Inference still busy after {timeout_s} s"
-        time.sleep(0.05)
+    _wait_batching(lambda s: not s["running"], "Inference idle")
 
 
 def _ingress_replica_url() -> str:
