@@ -26,8 +26,8 @@ GPU_POLL_S = 5.0
 
 class BatchMetrics:
     """Batch shape and timing wherever the model runs (Inference, or a CPU model's pipeline replica for
-    small groups): batch sizes, padded tokens, padding and per-sample time, tagged by Ray with the
-    deployment that ran the batch."""
+    small groups): batch sizes, padded tokens, padding, per-sample time and the wait before a batch,
+    tagged by Ray with the deployment that ran the batch."""
 
     def __init__(self) -> None:
         self.batch_size = metrics.Histogram(
@@ -46,6 +46,13 @@ class BatchMetrics:
             description="Batch compute time / sequences in the batch.",
             boundaries=_MS,
         )
+        # On both paths: with small groups on the pipeline's copy, Inference alone would leave it silent.
+        self.queue_wait_ms = metrics.Histogram(
+            "inference_queue_wait_ms",
+            description="Arrival at the model (Inference, or the pipeline's copy) to the start of its "
+            "batch, per call.",
+            boundaries=_MS,
+        )
 
     def record_batch(self, sequences: int, padded_tokens: int, real_tokens: int, compute_s: float) -> None:
         self.batch_size.observe(sequences)
@@ -55,8 +62,8 @@ class BatchMetrics:
 
 
 class InferenceMetrics(BatchMetrics):
-    """The inference deployment's: its batches (the seed's four: queue length, batch sizes, per-sample
-    time, plus tokens, padding and queue wait) and which model it serves."""
+    """The inference deployment's: its batches (BatchMetrics), its queue length and which model it
+    serves."""
 
     def __init__(self, info: dict[str, str]) -> None:
         super().__init__()
@@ -64,11 +71,6 @@ class InferenceMetrics(BatchMetrics):
         self.waiting = 0  # requests in groups waiting for a batch; the gauge reads it
         self.queue_length = metrics.Gauge(
             "inference_queue_length", description="Requests waiting for a batch in this replica."
-        )
-        self.queue_wait_ms = metrics.Histogram(
-            "inference_queue_wait_ms",
-            description="Arrival at the inference deployment to the start of its batch, per call.",
-            boundaries=_MS,
         )
         self.model_info = model_info_gauge()
         self._gauges = GaugeRefresher(self.refresh_gauges)

@@ -107,6 +107,7 @@ class LocalModel:
             self._running -= 1
             self._beside -= beside
         end_ns = time.time_ns()
+        self._metrics.queue_wait_ms.observe((started[0] - arrived_ns) / 1e6)
         if result.sequences:
             elapsed = (end_ns - started[0]) / 1e9
             self._metrics.record_batch(result.sequences, result.padded_tokens, result.real_tokens, elapsed)

@@ -32,7 +32,7 @@ SERVICE_METRICS: dict[str, str] = {
     "ray_inference_batch_tokens": HISTOGRAM,  # padded tokens per batch
     "ray_inference_padding_efficiency": HISTOGRAM,  # real / padded tokens per batch, 0..1
     "ray_inference_queue_length": GAUGE,  # requests waiting for a batch
-    "ray_inference_queue_wait_ms": HISTOGRAM,  # arrival at Inference -> start of its batch
+    "ray_inference_queue_wait_ms": HISTOGRAM,  # arrival at the model (either path) -> its batch
     "ray_inference_per_sample_ms": HISTOGRAM,  # batch compute time / batch size
     "ray_tokenize_ms": HISTOGRAM,
     "ray_serialize_ms": HISTOGRAM,

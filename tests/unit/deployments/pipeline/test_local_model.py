@@ -203,3 +203,37 @@ def test_once_recent_groups_overlap_a_group_that_forms_while_another_runs_takes_
     assert all(isinstance(a, ModelOutput) for a in answers)
     assert sorted(threads) == ["local-model_0", "lone-pass_0"]  # both in a pass at once, one each
     assert local._running == 0 and local._beside == 0
+
+
+class _Recorded:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+def test_a_group_on_the_copy_records_its_queue_wait_and_its_batch(default_model: ResolvedModel) -> None:
+    """The queue-wait histogram is Inference's and the copy's alike: small groups, most traffic, run here."""
+    local, tokenize = _local(default_model, workers=1)
+    wait, sizes = _Recorded(), _Recorded()
+    local._metrics.queue_wait_ms, local._metrics.batch_size = wait, sizes  # type: ignore[assignment]
+    gate = threading.Event()
+    forward = local._runner._forward
+
+    def held(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        gate.wait(5.0)  # the first group holds the one worker, so the second waits for it
+        return forward(ids, mask)
+
+    local._runner._forward = held  # type: ignore[method-assign]
+
+    async def two() -> None:
+        first = asyncio.ensure_future(local.infer(tokenize.encode([TokenizeJob([TEXTS[0]])])))
+        second = asyncio.ensure_future(local.infer(tokenize.encode([TokenizeJob([TEXTS[1]])])))
+        await asyncio.sleep(0.2)
+        gate.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(two())
+    assert len(wait.values) == 2 and sizes.values == [1, 1]
+    assert max(wait.values) >= 150.0  # the second group waited (ms) while the first held the worker
