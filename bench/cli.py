@@ -14,8 +14,13 @@ from bench.service import PROXY_ENV, ROOT, ServiceVariant, parse_env_pair, parse
 
 WORK_DIR = ROOT / ".bench"
 OPEN_LOOP_RATES, OPEN_LOOP_RATES_QUICK = [10, 20, 30, 40, 60], [10, 30]  # W3's offered req/s
+# Arrivals W3 measures at each rate (at least; the window is never shorter than --duration): a p99 needs them.
+# From 150-300 (15 s at 10-20 req/s) a p99 is the 2nd-4th slowest answer, and the same system's p99 swung
+# 0.7-1.4x between rounds (docs/architecture.md, "A p99 needs arrivals"); from 1000 it is the 10th.
+OPEN_LOOP_REQUESTS = 1000
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
-SYSTEM_CHOICES = ("naive-fastapi", *(c.label for c in infinity.CONFIGS))
+INFINITY_LABELS = tuple(c.label for c in infinity.CONFIGS)
+SYSTEM_CHOICES = ("naive-fastapi", *INFINITY_LABELS)
 # The same config on Ray Serve's Python proxy instead of its high-throughput mode (HAProxy, direct ingress,
 # gRPC between replicas), which serve_config.yaml switches on; `run` measures both in one table.
 PROXY_SPEC = "service-proxy=serve_config.yaml," + ",".join(f"{k}={v}" for k, v in PROXY_ENV.items())
@@ -55,6 +60,8 @@ class Options:
     rounds: int = 1  # run only: each HTTP system started and measured this many times
     open_loop_rates: list[int] = field(default_factory=list)  # run only: W3's offered rates (req/s)
     open_loop_p99_ms: float = 500.0  # run only: a rate is sustained only with p99 within this
+    open_loop_requests: int = 0  # run only: arrivals measured per rate, at least (the window grows to fit)
+    infinity_configs: list[str] = field(default_factory=list)  # which of infinity.CONFIGS run (empty: all)
     # ramp only
     system: str = ""
     texts_per_request: int = 1
@@ -79,6 +86,14 @@ def concurrency_list(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected positive integers like 1,8,32, got {text!r}")
     return values
+
+
+def _infinity_configs(text: str) -> list[str]:
+    labels = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = sorted(set(labels) - set(INFINITY_LABELS))
+    if not labels or unknown:
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(INFINITY_LABELS)}, got {text!r}")
+    return labels
 
 
 def inprocess_spec(text: str) -> tuple[str, Path]:
@@ -113,6 +128,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--with-infinity",
         action="store_true",
         help="measure Infinity (torch fp32/bf16 and ONNX engines); creates .bench/infinity-venv once",
+    )
+    g.add_argument(
+        "--infinity-configs",
+        type=_infinity_configs,
+        default=None,
+        metavar="LABEL[,LABEL...]",
+        help=f"with --with-infinity, only these of {', '.join(INFINITY_LABELS)} (default: all)",
     )
     g.add_argument("--infinity-venv", type=Path, default=WORK_DIR / "infinity-venv")
     g.add_argument("--num-cpus", type=int, default=None, help="CPUs the private Ray instance advertises")
@@ -186,6 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-open-loop", action="store_true", help="skip the open-loop workload W3")
     run.add_argument("--open-loop-p99-ms", type=float, default=500.0, help="W3: sustained needs p99 <= this")
     run.add_argument(
+        "--open-loop-requests",
+        type=int,
+        default=None,
+        help=f"W3: measure at least this many arrivals per rate, the window longer than --duration where "
+        f"needed (default {OPEN_LOOP_REQUESTS}; --quick: 0, the window alone)",
+    )
+    run.add_argument(
         "--rounds",
         type=_positive,
         default=1,
@@ -250,6 +279,7 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         naive=not ns.no_naive,
         with_infinity=ns.with_infinity,
         infinity_venv=ns.infinity_venv,
+        infinity_configs=ns.infinity_configs or list(INFINITY_LABELS),
         inprocess=(ns.inprocess if is_run else []),
         inprocess_enabled=is_run and not ns.no_inprocess,
         onnx=is_run and not ns.no_onnx and not ns.no_inprocess,
@@ -273,6 +303,8 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         rates = ns.open_loop_rates or (OPEN_LOOP_RATES_QUICK if ns.quick else OPEN_LOOP_RATES)
         opts.open_loop_rates = sorted(set(rates))
         opts.open_loop_p99_ms = ns.open_loop_p99_ms
+        default_requests = 0 if ns.quick else OPEN_LOOP_REQUESTS
+        opts.open_loop_requests = default_requests if ns.open_loop_requests is None else ns.open_loop_requests
     if not is_run:
         opts.system = ns.system
         opts.texts_per_request = ns.texts_per_request

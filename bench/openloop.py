@@ -31,6 +31,12 @@ MAX_FAILED = 0.01  # errors, unfinished and unsent, of the arrivals in the windo
 BACKLOG_FACTOR, BACKLOG_SLACK_MS = 2.0, 50.0  # last quarter's p50 above 2x the first's + 50 ms: growing
 
 
+def window_s(rate: float, duration_s: float, min_requests: int) -> float:
+    """The measured window at ``rate``: ``duration_s``, or longer where that holds fewer than
+    ``min_requests`` arrivals on average (a p99 from a few hundred answers is one of the slowest few)."""
+    return max(duration_s, min_requests / rate) if rate > 0 else duration_s
+
+
 def poisson_schedule(rate: float, span_s: float, seed: int) -> list[float]:
     """Arrival times (seconds from the start, increasing, below ``span_s``) of a Poisson process of
     ``rate`` per second: exponential gaps drawn from a generator seeded with ``seed``."""

@@ -76,10 +76,15 @@ def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.
     if opts.naive:
         server = systems.naive_server(log_dir)
         yield SystemInfo(server.name, "naive", server.description), server
+    wanted = opts.infinity_configs or [c.label for c in infinity.CONFIGS]
+    chosen = [c for c in infinity.CONFIGS if c.label in wanted]
+    skipped = [c for c in infinity.CONFIGS if c not in chosen]
     if not opts.with_infinity:
-        for config in infinity.CONFIGS:
-            why = "not requested (--with-infinity)"
-            yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
+        chosen, skipped = [], list(infinity.CONFIGS)
+    for config in skipped:
+        why = "not requested (--with-infinity, --infinity-configs)"
+        yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
+    if not chosen:
         return
     try:
         print(f"preparing Infinity in {opts.infinity_venv} (first time: several minutes)", flush=True)
@@ -89,11 +94,11 @@ def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.
         )
     except (infinity.InfinityUnavailable, OSError, subprocess.SubprocessError) as exc:
         print(f"Infinity unavailable: {exc}", file=sys.stderr, flush=True)
-        for config in infinity.CONFIGS:
+        for config in chosen:
             why = f"Infinity unavailable: {exc}"
             yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
         return
-    for config in infinity.CONFIGS:
+    for config in chosen:
         server = systems.infinity_server(env, config, model, log_dir)
         yield SystemInfo(server.name, "infinity", server.description), server
 
@@ -173,10 +178,11 @@ def measure_open_loop(
     """W3 on a started ``server``: single texts of the corpus (mixed lengths) arriving as a Poisson
     process at each offered rate, lowest first; each point judged sustained or not (``openloop.judge``)."""
     requests = loadgen.encode_requests(target, [[t] for t in corpus.texts])
-    timing = loadgen.Timing(opts.warmup_s, opts.duration_s, opts.request_timeout_s)
     for rate in opts.open_loop_rates:
+        window_s = openloop.window_s(rate, opts.duration_s, opts.open_loop_requests)
+        timing = loadgen.Timing(opts.warmup_s, window_s, opts.request_timeout_s)
 
-        def once(rate: int = rate) -> tuple[Point, list[str]]:
+        def once(rate: int = rate, timing: loadgen.Timing = timing) -> tuple[Point, list[str]]:
             if opts.quiet_wait_s > 0:
                 machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
             return openloop.measure(

@@ -87,6 +87,12 @@ def test_run_defaults_and_quick() -> None:
     assert quick.command.startswith("python -m bench run --quick")
 
 
+def test_open_loop_requests_option() -> None:
+    assert parse(["run"]).open_loop_requests == 1000  # a p99 from at least 1000 arrivals per rate
+    assert parse(["run", "--quick"]).open_loop_requests == 0  # a smoke test keeps its 3-s windows
+    assert parse(["run", "--open-loop-requests", "300"]).open_loop_requests == 300
+
+
 def test_rounds_option() -> None:
     assert parse(["run"]).rounds == 1
     assert parse(["run", "--rounds", "3"]).rounds == 3

@@ -21,8 +21,16 @@ from bench.openloop import (
     poisson_schedule,
     summarize_open_loop,
     sustained,
+    window_s,
 )
 from bench.results import Point
+
+
+def test_the_window_grows_to_hold_the_arrivals_a_p99_needs() -> None:
+    assert window_s(10, 15.0, 1000) == 100.0  # 150 arrivals in 15 s: too few for a p99
+    assert window_s(40, 15.0, 1000) == 25.0
+    assert window_s(100, 15.0, 1000) == 15.0  # never shorter than the duration asked for
+    assert window_s(10, 15.0, 0) == 15.0  # 0: the duration alone
 
 
 def test_schedule_is_seeded_increasing_and_within_the_span() -> None:

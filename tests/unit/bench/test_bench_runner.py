@@ -16,6 +16,7 @@ from bench.results import Point, RunReport, SystemInfo, summarize
 
 class FakeServer:
     embeddings_path = "/v1/embeddings"
+    description = "fake"
     base_url = "http://127.0.0.1:9"
     session_id = None
 
@@ -80,6 +81,7 @@ def test_open_loop_rates_are_measured_on_every_system_in_every_round(
     fake_systems: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[tuple[str, int, int, int, float]] = []
+    windows: dict[int, float] = {}
 
     def closed(system: str, workload: str, *args: object, **kwargs: object) -> tuple[Point, list[str]]:
         return summarize(system, workload, 8, 1, 1.0, [0.01] * 5, 0), []
@@ -95,13 +97,17 @@ def test_open_loop_rates_are_measured_on_every_system_in_every_round(
         server_session: int | None = None,
     ) -> tuple[Point, list[str]]:
         calls.append((system, rate, len(requests.bodies), requests.texts_per_request, p99_bound_ms))
+        assert isinstance(timing, loadgen.Timing)
+        windows[rate] = timing.duration_s
         return summarize(system, "W3", rate, 1, 1.0, [0.01] * rate, 0), ["HTTP 503"] if rate == 30 else []
 
     monkeypatch.setattr(runner, "retry_disturbed", lambda once, limit, retries: (*once(), 1))
     monkeypatch.setattr(runner.loadgen, "measure", closed)
     monkeypatch.setattr(runner.openloop, "measure", open_loop)
     argv = ["run", "--quick", "--rounds", "2", "--w1-concurrency", "1", "--w2-concurrency", "4"]
-    opts = parse([*argv, "--open-loop-rates", "30,10", "--open-loop-p99-ms", "250"])
+    opts = parse(
+        [*argv, "--open-loop-rates", "30,10", "--open-loop-p99-ms", "250", "--open-loop-requests", "60"]
+    )
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
     runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
@@ -110,3 +116,39 @@ def test_open_loop_rates_are_measured_on_every_system_in_every_round(
     w3 = [(p.system, p.round, p.concurrency) for p in rep.points if p.workload == "W3"]
     assert w3 == [(s, n, r) for n in (1, 2) for s in ("service", "infinity-onnx") for r in (10, 30)]
     assert "round 2 W3 30 req/s errors, e.g. HTTP 503" in rep.systems[0].reason
+    assert windows == {10: 6.0, 30: 3.0}  # 60 arrivals at 10 req/s need 6 s; at 30 the 3-s window holds them
+
+
+def test_only_the_infinity_configs_asked_for_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+    env = object()
+    monkeypatch.setattr(runner.infinity, "ensure_venv", lambda venv, log: env)
+    monkeypatch.setattr(runner.infinity, "prepare_model", lambda env, src, dest, log: tmp_path)
+    monkeypatch.setattr(runner, "systems_model_dir", lambda: tmp_path)
+
+    def infinity_server(
+        env: object, config: runner.infinity.InfinityConfig, model: Path, log: Path
+    ) -> object:
+        started.append(config.label)
+        return FakeServer(config.label, [])
+
+    monkeypatch.setattr(runner.systems, "infinity_server", infinity_server)
+    opts = parse(
+        ["run", "--no-service", "--no-naive", "--with-infinity", "--infinity-configs", "infinity-onnx"]
+    )
+    listed = [(info.name, server is not None, info.reason) for info, server in runner.servers(opts, tmp_path)]
+    assert started == ["infinity-onnx"]
+    why = "not requested (--with-infinity, --infinity-configs)"
+    assert listed == [
+        ("infinity-torch", False, why),
+        ("infinity-torch-bf16", False, why),
+        ("infinity-onnx", True, ""),
+    ]
+    every = parse(["run", "--no-service", "--no-naive", "--with-infinity"])
+    assert [info.name for info, server in runner.servers(every, tmp_path) if server] == [
+        "infinity-torch",
+        "infinity-torch-bf16",
+        "infinity-onnx",
+    ]
+    with pytest.raises(SystemExit):
+        parse(["run", "--infinity-configs", "infinity-gpu"])
