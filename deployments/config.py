@@ -141,14 +141,6 @@ class RuntimeConfig(_Frozen):
         "above it, beside each other on one thread each (a lone pass beside another group slows both: "
         "three threads on two cores). 1: always the lone pass; 0: only while no recent group overlapped.",
     )
-    lone_pass_max_load: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-        description="Groups also run on the lone pass while the recent group arrival rate times a lone "
-        "pass's mean time is at most this (lone passes one after another keep up), whatever the overlap "
-        "share. 0: the overlap share alone.",
-    )
     bulk_nice: Annotated[int, Field(ge=0, le=19)] | Literal["idle"] = Field(
         default=0,
         description="The OS CPU priority of the replicas that only see large groups: Tokenizer and "

@@ -74,13 +74,7 @@ class LocalModel:
         # use both cores, where one group on a single thread would leave the other core idle.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-model")
         self._lone = (
-            LonePass.for_copy(
-                model,
-                self._runner,
-                runtime.verify_checksums,
-                runtime.lone_pass_max_overlap,
-                max_load=runtime.lone_pass_max_load,
-            )
+            LonePass.for_copy(model, self._runner, runtime.verify_checksums, runtime.lone_pass_max_overlap)
             if runtime.lone_pass == "auto"
             else None
         )
@@ -94,7 +88,7 @@ class LocalModel:
         started: list[int] = []
 
         lone = self._lone
-        if lone is not None and not lone.overlaps.takes(self._running, self._beside, arrived_ns / 1e9):
+        if lone is not None and not lone.overlaps.takes(self._running, self._beside):
             lone = None
         runner, executor = (
             (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
@@ -113,8 +107,6 @@ class LocalModel:
             self._running -= 1
             self._beside -= beside
         end_ns = time.time_ns()
-        if lone is not None:
-            lone.overlaps.passed((end_ns - started[0]) / 1e9)
         self._metrics.queue_wait_ms.observe((started[0] - arrived_ns) / 1e6)
         if result.sequences:
             elapsed = (end_ns - started[0]) / 1e9

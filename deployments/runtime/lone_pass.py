@@ -110,42 +110,17 @@ class Overlaps:
     and both groups slow down: in one run, two rounds, open-loop p50 at 20-60 req/s 12.6-14.9 ms waiting
     against 14.4-19.6 beside (docs/architecture.md). Above the share, as under closed-loop load (8 clients
     nearly always overlap), groups run beside each other on one thread each, which uses both cores
-    without a wait; a lone pass then never starts beside a group on the copy.
-
-    ``max_load`` adds a second way onto the lone pass: the load lone passes would put on it, the groups'
-    arrival rate times a lone pass's time (both averaged like the share). The share alone holds on to the
-    one-thread copy once there: passes beside each other take longer, so more arrivals find one running, at
-    a rate (20-30 req/s) that lone passes one after another keep up with. The load is read from lone passes
-    only and does not move with the runner taken. 0: the share alone."""
+    without a wait; a lone pass then never starts beside a group on the copy."""
 
     max_overlap: float = 1.0
-    max_load: float = 0.0
     weight: float = 1 / 16
     share: float = 0.0
-    gap_s: float = 1.0  # groups' mean time between arrivals
-    lone_s: float = 0.0  # a lone pass's mean time (0 until one has run)
-    last_arrival_s: float | None = None
 
-    def takes(self, running: int, beside: int, now_s: float = 0.0) -> bool:
-        """Whether a group that arrives at ``now_s`` (monotonic seconds) with ``running`` groups in the
-        copy, ``beside`` of them on the one-thread copy, runs on the lone pass (queued behind any lone
-        passes running)."""
+    def takes(self, running: int, beside: int) -> bool:
+        """Whether a group that arrives with ``running`` groups in the copy, ``beside`` of them on the
+        one-thread copy, runs on the lone pass (queued behind any lone passes running)."""
         self.share += self.weight * (float(running > 0) - self.share)
-        if self.last_arrival_s is not None:
-            self.gap_s += self.weight * (max(now_s - self.last_arrival_s, 0.0) - self.gap_s)
-        self.last_arrival_s = now_s
-        if beside:
-            return False
-        return self.share <= self.max_overlap or (self.max_load > 0 and self.load <= self.max_load)
-
-    @property
-    def load(self) -> float:
-        """The share of time lone passes alone would keep the lone pass busy at the recent arrival rate."""
-        return self.lone_s / self.gap_s if self.gap_s > 0 else float("inf")
-
-    def passed(self, seconds: float) -> None:
-        """A lone pass took ``seconds``."""
-        self.lone_s = seconds if self.lone_s == 0.0 else self.lone_s + self.weight * (seconds - self.lone_s)
+        return beside == 0 and self.share <= self.max_overlap
 
 
 class LonePass:
@@ -153,12 +128,7 @@ class LonePass:
     says whether a group runs on it."""
 
     def __init__(
-        self,
-        export: ResolvedModel,
-        pad_id: int,
-        where: Placement,
-        max_overlap: float = 1.0,
-        max_load: float = 0.0,
+        self, export: ResolvedModel, pad_id: int, where: Placement, max_overlap: float = 1.0
     ) -> None:
         opts = session_options(2, spinning=True, stop_spinning_after_run=True)
         # 1-based logical processor ids, one per worker thread besides the caller's.
@@ -168,7 +138,7 @@ class LonePass:
         # pid 0: the calling thread only, here the executor's one thread
         self.executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
         self.where = where
-        self.overlaps = Overlaps(max_overlap, max_load)
+        self.overlaps = Overlaps(max_overlap)
 
     @classmethod
     def for_copy(
@@ -178,7 +148,6 @@ class LonePass:
         hash_files: bool,
         max_overlap: float = 1.0,
         allowed: set[int] | None = None,
-        max_load: float = 0.0,
     ) -> LonePass | None:
         """The copy's lone pass, or None (logged) where it was not measured or does not check out."""
         cpus = os.sched_getaffinity(0) if allowed is None else allowed
@@ -187,7 +156,7 @@ class LonePass:
             log.info("lone passes on one thread: the replica may use %d CPUs, not 2", len(cpus))
             return None
         try:
-            lone = cls(load_export(served, hash_files), copy.pad_id, where, max_overlap, max_load)
+            lone = cls(load_export(served, hash_files), copy.pad_id, where, max_overlap)
         except FileNotFoundError as exc:
             log.info("lone passes on one thread: no fp32 ONNX export (%s)", exc)
             return None

@@ -141,43 +141,6 @@ def test_a_lone_pass_stops_while_recent_groups_overlap_and_comes_back() -> None:
     assert idle == math.ceil(math.log(0.25 / peak) / math.log(1 - rule.weight)) > 1
 
 
-def test_under_the_load_bound_groups_stay_on_the_lone_pass_though_they_overlap() -> None:
-    """30 arrivals a second, 7-ms lone passes: a load of about 0.21. Overlapping arrivals push the share
-    past its bound, and still every group takes the lone pass while the load is under 0.3."""
-    rule = Overlaps(max_overlap=0.25, max_load=0.3)
-    now = 0.0
-    for i in range(200):
-        now += 1 / 30
-        assert rule.takes(running=i % 2, beside=0, now_s=now)  # every second arrival overlaps
-        rule.passed(0.007)
-    assert rule.share > 0.25
-    assert rule.load == pytest.approx(0.007 * 30, rel=0.01)
-    assert not rule.takes(running=1, beside=1, now_s=now + 0.001)  # still never beside a one-thread group
-
-
-def test_over_the_load_bound_the_share_decides() -> None:
-    """60 arrivals a second, 7-ms lone passes: a load of about 0.42, over 0.3. Once the share passes its
-    bound too, groups run beside each other; after a lull (a 1-s gap) the load falls and they are back."""
-    rule = Overlaps(max_overlap=0.25, max_load=0.3)
-    now, taken = 0.0, []
-    for _ in range(200):
-        now += 1 / 60
-        taken.append(rule.takes(running=1, beside=0, now_s=now))
-        rule.passed(0.007)
-    assert rule.load == pytest.approx(0.42, rel=0.02)
-    assert taken[0] and not any(taken[-100:])  # the first ones: the rate is still being learnt
-    back = 0
-    while not rule.takes(running=1, beside=0, now_s=now):
-        now += 1.0
-        back += 1
-    assert rule.load <= 0.3 and back == 1  # the gap after the lull is in the average at once
-    off = Overlaps(max_overlap=0.25)  # max_load 0 (the default): the share alone, as before
-    for _ in range(50):
-        off.takes(running=1, beside=0, now_s=now)
-        now += 1.0
-    assert off.load < 0.3 and not off.takes(running=1, beside=0, now_s=now)
-
-
 def test_with_no_bound_every_group_runs_on_the_lone_pass() -> None:
     rule = Overlaps(max_overlap=1.0)
     for _ in range(100):
