@@ -76,14 +76,12 @@ def servers(opts: Options, log_dir: Path) -> Iterator[tuple[SystemInfo, systems.
     if opts.naive:
         server = systems.naive_server(log_dir)
         yield SystemInfo(server.name, "naive", server.description), server
-    wanted = opts.infinity_configs or [c.label for c in infinity.CONFIGS]
-    chosen = [c for c in infinity.CONFIGS if c.label in wanted]
-    skipped = [c for c in infinity.CONFIGS if c not in chosen]
-    if not opts.with_infinity:
-        chosen, skipped = [], list(infinity.CONFIGS)
-    for config in skipped:
-        why = "not requested (--with-infinity, --infinity-configs)"
-        yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
+    wanted = opts.infinity_configs or [c.label for c in infinity.CONFIGS]  # empty: every configuration
+    chosen = [c for c in infinity.CONFIGS if opts.with_infinity and c.label in wanted]
+    for config in infinity.CONFIGS:
+        if config not in chosen:
+            why = "not requested (--with-infinity, --infinity-configs)"
+            yield SystemInfo(config.label, "infinity", f"Infinity {config.flags}", reason=why), None
     if not chosen:
         return
     try:
