@@ -63,10 +63,17 @@ def open_loop_table(points: Sequence[Point], with_round: bool = False) -> str:
         errors = f"{p.errors} of {s.get('arrivals', '?')}"
         lines.append(
             f"| {p.system} |{cell} {p.concurrency} | {_num(s.get('drawn_req_per_s'))} | {_num(p.req_per_s)} "
-            f"| {_num(p.p50_ms)} | {_num(p.p99_ms)} | {errors} | {s.get('late', '-')} "
+            f"| {_num(p.p50_ms)} | {_p99(p)} | {errors} | {s.get('late', '-')} "
             f"| {s.get('peak_in_flight', '-')} | {cpu} | {other} | {verdict(p)} |"
         )
     return "\n".join(lines)
+
+
+def _p99(p: Point) -> str:
+    """The p99 and, in brackets, where it lies with 95 % confidence (none: too few answers to say)."""
+    if p.p99_low_ms is None or p.p99_high_ms is None:
+        return _num(p.p99_ms)
+    return f"{_num(p.p99_ms)} [{_num(p.p99_low_ms)}-{_num(p.p99_high_ms)}]"
 
 
 def open_loop_row(p: Point) -> str:
@@ -85,7 +92,8 @@ def open_loop_section(report: RunReport, heading: str, plot_name: str | None) ->
         "",
         "Single texts of mixed length from the corpus, arriving as a Poisson process at each offered rate "
         "(each sent on its own schedule, whether or not earlier ones were answered); latency from the "
-        "scheduled time to the answer, throughput the answers received in the window. Sustained: "
+        "scheduled time to the answer, throughput the answers received in the window; in brackets, where "
+        "the p99 lies with 95 % confidence (bench/results.py, percentile_interval). Sustained: "
         f"achieved >= 95 % of the rate drawn, <= 1 % failed, p99 <= {bound} ms, no growing backlog, client "
         "on schedule (bench/README.md).",
         "",

@@ -160,11 +160,27 @@ def _open_loop_ratios(
                 continue
             pair = ((name, mine), (inf[0], theirs))
             ratio = _compare(report, label, pair, metric, 1.0, max_other_load, False)
+            if metric == "p99_ms":
+                ratio.detail += _p99_intervals(pair)
             if mine is not None and not openloop.sustained(mine):
                 ratio.detail += f"; {name} did not sustain it: {mine.setting.get('why', '')}"
                 ratio.met = False if ratio.value is None and theirs is not None else ratio.met
             out.append(ratio)
     return out
+
+
+def _p99_intervals(pair: tuple[Named, Named]) -> str:
+    """Both p99s' 95 % intervals (``results.percentile_interval``), and whether they are apart: where they
+    overlap, a run of this many arrivals cannot say which system's p99 is lower."""
+    (a, mine), (b, theirs) = pair
+    if mine is None or theirs is None:
+        return ""
+    a_low, a_high, b_low, b_high = mine.p99_low_ms, mine.p99_high_ms, theirs.p99_low_ms, theirs.p99_high_ms
+    if a_low is None or a_high is None or b_low is None or b_high is None:
+        return ""
+    apart = a_low > b_high or b_low > a_high
+    verdict = "apart" if apart else "overlapping: this run does not tell them apart"
+    return f"; p99 95 % intervals {a} {a_low:g}-{a_high:g} ms, {b} {b_low:g}-{b_high:g} ms ({verdict})"
 
 
 def ratios_over_rounds(report: RunReport, service_names: Sequence[str], **kwargs: Any) -> list[Ratio]:

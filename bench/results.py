@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 
@@ -20,6 +21,26 @@ def percentile(values: Sequence[float], q: float) -> float:
     pos = (len(ordered) - 1) * q / 100.0
     lo, hi = math.floor(pos), math.ceil(pos)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def percentile_interval(
+    values: Sequence[float], q: float, confidence: float = 0.95
+) -> tuple[float, float] | None:
+    """Where the q-th percentile of the distribution the values were drawn from lies, with ``confidence``:
+    two of the sorted values, with no assumption on the distribution. How many values fall below the true
+    percentile is binomial (n, q/100), so the ranks n*p -/+ z*sqrt(n*p*(1-p)), rounded outward, bound it
+    (normal approximation): for a p99 from 1000 answers, the 18th and the 4th slowest; from 200, no upper
+    bound (None). Answers under load are not independent (a burst slows several at once), so the interval
+    is if anything too narrow: where two systems' intervals overlap, the run cannot tell them apart."""
+    n, p = len(values), q / 100.0
+    if not 0.0 < p < 1.0 or not 0.0 < confidence < 1.0:
+        raise ValueError(f"percentile {q} or confidence {confidence} is outside (0, 100) or (0, 1)")
+    half = NormalDist().inv_cdf(0.5 + confidence / 2) * math.sqrt(n * p * (1.0 - p))
+    low, high = math.floor(n * p - half), math.ceil(n * p + half)  # 1-based ranks
+    if low < 1 or high > n:
+        return None
+    ordered = sorted(values)
+    return ordered[low - 1], ordered[high - 1]
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,9 @@ class Point:
     other_load: float | None = None  # CPU used by anything else on the machine, share of all CPUs
     setting: dict[str, Any] = field(default_factory=dict)  # tuner: the user_config measured
     round: int = 1  # which start of its system (``bench run --rounds``); in-process rows: always 1
+    # Where the p99 lies with 95 % confidence (``percentile_interval``); None: too few answers to bound it.
+    p99_low_ms: float | None = None
+    p99_high_ms: float | None = None
 
     @property
     def error_rate(self) -> float:
@@ -68,6 +92,8 @@ def summarize(
         return round(percentile(latencies_s, q) * 1000.0, 2) if n else None
 
     rate = n / duration_s if duration_s > 0 else 0.0
+    bounds = percentile_interval(latencies_s, 99) if n else None
+    low, high = (None, None) if bounds is None else (round(bounds[0] * 1e3, 2), round(bounds[1] * 1e3, 2))
     return Point(
         system=system,
         workload=workload,
@@ -84,6 +110,8 @@ def summarize(
         client_cpu=None if client_cpu is None else round(client_cpu, 3),
         other_load=None if other_load is None else round(other_load, 3),
         setting=dict(setting or {}),
+        p99_low_ms=low,
+        p99_high_ms=high,
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from bench.cli import parse
 from bench.openloop import judged
 from bench.openloop_report import best_sustaining, open_loop_table
@@ -132,3 +134,34 @@ def test_open_loop_options() -> None:
     assert opts.open_loop_rates == [10, 30] and opts.open_loop_p99_ms == 250.0
     assert parse(["run", "--no-open-loop"]).open_loop_rates == []
     assert parse(["ramp"]).open_loop_rates == []
+
+
+def _w3_of(system: str, latencies_s: list[float]) -> Point:
+    """An open-loop point at 30 req/s from these answers' latencies (all sustained)."""
+    p = summarize(system, "W3", 30, 1, len(latencies_s) / 30, latencies_s, 0)
+    n = float(len(latencies_s))
+    setting = {"arrivals": n, "drawn_req_per_s": 30.0, "late": 0, "unsent": 0, "unfinished": 0}
+    return judged(replace(p, setting=setting), BOUND_MS)
+
+
+def test_the_p99_row_says_whether_the_two_intervals_are_apart() -> None:
+    # Two draws of 1000 from one distribution with a long tail (10 ms + exponential, mean 5 ms): their
+    # p99s differ, but by less than either's interval.
+    rng = np.random.default_rng(5)
+    base = [0.010 + t for t in rng.exponential(0.005, size=1000)]
+    other = [0.010 + t for t in rng.exponential(0.005, size=1000)]
+    rep = RunReport("python -m bench run", {"nproc": 2}, {}, {"texts": 100})
+    rep.systems += [
+        SystemInfo("service", "service", "svc", ran=True),
+        SystemInfo("infinity-onnx", "infinity", "inf onnx", ran=True),
+    ]
+    rep.points += [_w3_of("service", other), _w3_of("infinity-onnx", base)]
+    close = {r.name: r for r in compute_ratios(rep, ["service"], open_loop_rates=[30])}
+    row = close["service W3 30 req/s p99 ÷ Infinity's best"]
+    assert row.value != 1.0 and "overlapping: this run does not tell them apart" in row.detail
+    assert "p99" not in close["service W3 30 req/s p50 ÷ Infinity's best"].detail.split(";")[-1]
+    rep.points[0] = _w3_of("service", [t * 1.6 for t in base])
+    far = {r.name: r for r in compute_ratios(rep, ["service"], open_loop_rates=[30])}
+    assert "(apart)" in far["service W3 30 req/s p99 ÷ Infinity's best"].detail
+    table = open_loop_table(rep.points)
+    assert "| 49.5 [44.2-59.7] |" in table  # the service's p99, and where it lies

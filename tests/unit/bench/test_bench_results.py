@@ -9,7 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.results import Point, RunReport, SystemInfo, percentile, retry_disturbed, summarize
+from bench.results import (
+    Point,
+    RunReport,
+    SystemInfo,
+    percentile,
+    percentile_interval,
+    retry_disturbed,
+    summarize,
+)
 
 
 @pytest.mark.parametrize("q", [0, 1, 50, 90, 99, 99.9, 100])
@@ -29,6 +37,31 @@ def test_percentile_small_cases() -> None:
         percentile([1.0], 101)
 
 
+def test_percentile_interval_is_two_order_statistics_around_the_rank() -> None:
+    values = [float(v) for v in range(1000, 0, -1)]  # 1..1000, given in reverse
+    # n*p = 990, z*sqrt(n*p*(1-p)) = 6.17: ranks 983 and 997, the 18th and the 4th slowest
+    assert percentile_interval(values, 99) == (983.0, 997.0)
+    assert percentile_interval(values, 50) == (469.0, 531.0)
+    wider = percentile_interval(values, 99, confidence=0.99)
+    assert wider is not None and wider[0] < 983.0 and wider[1] > 997.0
+    assert percentile_interval(values[:200], 99) is None  # 200 answers bound no p99 from above
+    assert percentile_interval([], 99) is None
+    with pytest.raises(ValueError):
+        percentile_interval(values, 100)
+
+
+def test_percentile_interval_covers_the_true_p99_about_as_often_as_it_says() -> None:
+    rng = np.random.default_rng(11)
+    true_p99 = float(np.log(100.0))  # the exponential distribution's 99th percentile
+    trials = 600
+    covered = 0
+    for _ in range(trials):
+        bounds = percentile_interval(list(rng.exponential(1.0, size=1000)), 99)
+        assert bounds is not None and bounds[0] <= bounds[1]
+        covered += bounds[0] <= true_p99 <= bounds[1]
+    assert 0.92 <= covered / trials <= 0.985
+
+
 def test_summarize_rates_and_percentiles() -> None:
     latencies = [0.010] * 98 + [0.100, 0.200]
     p = summarize("svc", "W2", 4, 32, 10.0, latencies, errors=2, client_cpu=0.123456)
@@ -45,6 +78,7 @@ def test_summarize_rates_and_percentiles() -> None:
 def test_summarize_without_successes_has_no_percentiles() -> None:
     p = summarize("svc", "W1", 8, 1, 5.0, [], errors=7)
     assert (p.requests, p.req_per_s, p.p50_ms, p.p99_ms) == (0, 0.0, None, None)
+    assert (p.p99_low_ms, p.p99_high_ms) == (None, None)
     assert p.error_rate == 1.0
 
 
@@ -114,3 +148,12 @@ def test_points_keep_their_round_and_old_results_load_as_round_one(tmp_path: Pat
     path.write_text(json.dumps(raw))
     old = RunReport.load(path)
     assert [p.round for p in old.points] == [1, 1, 1] and old.rounds == 1
+
+
+def test_summarize_bounds_the_p99_once_there_are_enough_answers() -> None:
+    latencies = [i / 1000.0 for i in range(1, 1001)]  # 1..1000 ms
+    p = summarize("svc", "W3", 10, 1, 100.0, latencies, errors=0)
+    assert (p.p99_low_ms, p.p99_high_ms) == (983.0, 997.0)
+    assert p.p99_low_ms <= p.p99_ms <= p.p99_high_ms
+    few = summarize("svc", "W3", 10, 1, 10.0, latencies[:100], errors=0)
+    assert few.p99_ms is not None and (few.p99_low_ms, few.p99_high_ms) == (None, None)
