@@ -52,6 +52,8 @@ def _compare(
     a, b = getattr(num, metric), getattr(den, metric)
     unit = {"seq_per_s": "seq/s", "req_per_s": "req/s", "p50_ms": "ms p50", "p99_ms": "ms p99"}[metric]
     detail = f"{a} / {b} {unit} ({_where(num)} vs {_where(den)})" + _disturbed([num, den], max_other_load)
+    if metric == "p99_ms":
+        detail += _p99_intervals(pair)
     if a is None or not b:
         return Ratio(name, None, want, None, detail)
     value = round(a / b, 2)
@@ -160,8 +162,6 @@ def _open_loop_ratios(
                 continue
             pair = ((name, mine), (inf[0], theirs))
             ratio = _compare(report, label, pair, metric, 1.0, max_other_load, False)
-            if metric == "p99_ms":
-                ratio.detail += _p99_intervals(pair)
             if mine is not None and not openloop.sustained(mine):
                 ratio.detail += f"; {name} did not sustain it: {mine.setting.get('why', '')}"
                 ratio.met = False if ratio.value is None and theirs is not None else ratio.met

@@ -163,5 +163,10 @@ def test_the_p99_row_says_whether_the_two_intervals_are_apart() -> None:
     rep.points[0] = _w3_of("service", [t * 1.6 for t in base])
     far = {r.name: r for r in compute_ratios(rep, ["service"], open_loop_rates=[30])}
     assert "(apart)" in far["service W3 30 req/s p99 ÷ Infinity's best"].detail
+    # A closed-loop p99 ratio says the same of its two points.
+    rep.points += [replace(p, workload="W1", concurrency=8) for p in rep.points]
+    closed = {r.name: r for r in compute_ratios(rep, ["service"])}
+    assert "(apart)" in closed["service W1 c=8 p99 ÷ that Infinity's p99"].detail
+    rep.points = rep.points[:2]
     table = open_loop_table(rep.points)
     assert "| 49.5 [44.2-59.7] |" in table  # the service's p99, and where it lies
