@@ -20,7 +20,7 @@ SERVE_MARKS = ("A_route", "A_grpc", "B_in", "B_hr", "B_out")
 COPY_MARKS = ("L_q", "L_start", "L_end", "L_ret")
 
 
-def legs(client: tuple[str, int, int, int], m: dict[str, int], c: dict[str, int]) -> dict[str, int]:
+def legs(client: tuple[str, int, int, str], m: dict[str, int], c: dict[str, int]) -> dict[str, int]:
     _, sent, received, _ = client
     out = {
         "client": received - sent,
