@@ -46,13 +46,29 @@ def legs(client: tuple[str, int, int, str], m: dict[str, int], c: dict[str, int]
     return out
 
 
-def main(client_file: str, log_dir: str) -> None:
+def read_marks(log_dir: str) -> list[tuple[int, str, str]]:
+    """Every replica's marks, (ns, tag, request id or the copy's group ids), in time order."""
     marks: list[tuple[int, str, str]] = []
     for path in Path(log_dir).glob("*.log"):
         for line in path.read_text().splitlines():
             ns, tag, rid = line.split()
             marks.append((int(ns), tag, rid))
-    marks.sort()
+    return sorted(marks)
+
+
+def copy_groups(marks: list[tuple[int, str, str]]) -> dict[str, dict[str, int]]:
+    """The copy's marks by group (its members' ids joined by commas): the first of each tag, and ``lone``."""
+    groups: dict[str, dict[str, int]] = {}
+    for ns, tag, rid in marks:
+        if tag.startswith("L_"):
+            group = groups.setdefault(rid, {"lone": 0})
+            group.setdefault(tag.removesuffix("_lone"), ns)
+            group["lone"] |= tag.endswith("_lone")
+    return groups
+
+
+def main(client_file: str, log_dir: str) -> None:
+    marks = read_marks(log_dir)
     by_request: dict[str, dict[str, int]] = {}
     for ns, tag, rid in marks:
         if rid.startswith("r"):

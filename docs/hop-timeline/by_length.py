@@ -23,21 +23,18 @@ REQUEST_MARKS, COPY_MARKS = analyze.REQUEST_MARKS, analyze.COPY_MARKS
 
 
 def read_marks(log_dir: str) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
-    """(request marks, copy marks) by request id; the first of each tag."""
-    marks: dict[str, dict[str, int]] = {}
+    """(request marks, copy marks) by request id; the first of each tag, and the copy's group size."""
+    marks = analyze.read_marks(log_dir)
+    requests: dict[str, dict[str, int]] = {}
+    for ns, tag, rid in marks:
+        if not tag.startswith("L_"):
+            requests.setdefault(rid, {}).setdefault(tag, ns)
     copy: dict[str, dict[str, int]] = {}
-    for path in Path(log_dir).glob("*.log"):
-        for line in path.read_text().splitlines():
-            ns, tag, rid = line.split()
-            if not tag.startswith("L_"):
-                marks.setdefault(rid, {}).setdefault(tag, int(ns))
-                continue
-            members = rid.split(",")
-            for member in members:
-                c = copy.setdefault(member, {"group": len(members), "lone": 0})
-                c.setdefault(tag.removesuffix("_lone"), int(ns))
-                c["lone"] |= tag.endswith("_lone")
-    return marks, copy
+    for ids, group in analyze.copy_groups(marks).items():
+        members = ids.split(",")
+        for member in members:
+            copy[member] = {**group, "group": len(members)}
+    return requests, copy
 
 
 def main(client_file: str, log_dir: str) -> None:

@@ -35,7 +35,7 @@ async def main(mode: str, n: int, rate: float, out: str) -> None:
             async with session.post(URL, data=body, headers=headers) as response:
                 await response.read()
                 if response.status != 200:
-                    raise RuntimeError(f"request r{i}: HTTP {response.status}")
+                    raise RuntimeError(f"request {prefix}{i}: HTTP {response.status}")
             answered.append((f"{prefix}{i}", sent, time.monotonic_ns(), text))
 
         for i in range(20):  # warm-up, not recorded

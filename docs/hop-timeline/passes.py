@@ -8,8 +8,9 @@ the given prefix (the client's run). A pass is beside another when their times i
 
 import statistics
 import sys
-from pathlib import Path
 from typing import NamedTuple
+
+import analyze  # this folder's: run as a script, its folder is on the path
 
 from bench.results import percentile
 
@@ -21,15 +22,12 @@ class Pass(NamedTuple):
 
 
 def read_passes(log_dir: str, prefix: str) -> list[Pass]:
-    groups: dict[str, dict[str, int]] = {}
-    for path in Path(log_dir).glob("*.log"):
-        for line in path.read_text().splitlines():
-            ns, tag, rid = line.split()
-            if tag.startswith("L_") and rid.startswith(prefix):
-                group = groups.setdefault(rid, {"lone": 0})
-                group.setdefault(tag.removesuffix("_lone"), int(ns))
-                group["lone"] |= tag.endswith("_lone")
-    return sorted(Pass(g["L_start"], g["L_end"], bool(g["lone"])) for g in groups.values() if "L_end" in g)
+    groups = analyze.copy_groups(analyze.read_marks(log_dir))
+    return sorted(
+        Pass(g["L_start"], g["L_end"], bool(g["lone"]))
+        for ids, g in groups.items()
+        if ids.startswith(prefix) and "L_end" in g
+    )
 
 
 def main(log_dir: str, prefix: str) -> None:
