@@ -1,5 +1,6 @@
 """Latency by variant from client.py's record: p50, mean, p90, p99 with its 95 % interval, and the p50 of
-texts of 75-127 and 128+ tokens.
+texts of 75-127 and 128+ tokens; and the answers per second while each variant was in force (a closed loop's
+throughput; a Poisson run's rate).
 
     .venv/bin/python docs/interleaved-ab/analyze.py ab20.json
 """
@@ -25,6 +26,7 @@ def main(path: str) -> None:
         for variant, settling, sent, received, text, status in records
         if not settling and status == 200
     ]
+    in_force = seconds_in_force(records)
     for variant in sorted({r[0] for r in rows}):
         ms = [t for v, t, _ in rows if v == variant]
         mid = [t for v, t, n in rows if v == variant and 75 <= n < 128]
@@ -36,7 +38,22 @@ def main(path: str) -> None:
             f"  p90 {percentile(ms, 90):6.1f}  p99 {percentile(ms, 99):6.1f} {where}"
             f"  | 75-127 tokens p50 {percentile(mid, 50):6.1f}"
             f"  | 128+ (n={len(long)}) p50 {percentile(long, 50):6.1f}"
+            f"  | {len(ms) / in_force[variant]:6.1f} answers/s"
         )
+
+
+def seconds_in_force(records: list[list]) -> dict[str, float]:
+    """Per variant, the seconds from the first to the last unsettled send of each of its turns, summed."""
+    spans: dict[str, float] = {}
+    turn: list[list] = []
+    for record in [*sorted(records, key=lambda r: r[2]), ["", True, 0, 0, "", 0]]:
+        if turn and record[0] != turn[0][0]:
+            sends = [r[2] for r in turn if not r[1]]
+            if len(sends) > 1:
+                spans[turn[0][0]] = spans.get(turn[0][0], 0.0) + (sends[-1] - sends[0]) / 1e9
+            turn = []
+        turn.append(record)
+    return spans
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@ switches between variants every ``period`` seconds, in turn.
 
     .venv/bin/python docs/interleaved-ab/client.py 20 600 20 beside,wait,queue ab20.json
 
-Arguments: rate (req/s), seconds, period (s), the variants (what the rule file holds in turn), output. Each
+Arguments: rate (req/s), seconds, period (s), the variants (what the rule file holds in turn), output. A rate
+written ``c<N>`` (``c1``, ``c8``) runs N clients back to back instead (closed loop). Each
 answer is recorded with the variant in force when it was sent and whether it was sent in the first second
 after a switch (analyze.py leaves those out: requests in flight then may meet either variant).
 """
@@ -24,7 +25,7 @@ RULE_FILE = Path("/tmp/interleaved-ab/rule")  # the scratch patches' replica pol
 SETTLE_S = 1.0
 
 
-async def main(rate: float, seconds: float, period: float, variants: list[str], out: str) -> None:
+async def main(rate: str, seconds: float, period: float, variants: list[str], out: str) -> None:
     texts = list(build_corpus().texts)
     rng = random.Random(11)
     records: list[tuple[str, bool, int, int, str, int]] = []
@@ -41,22 +42,35 @@ async def main(rate: float, seconds: float, period: float, variants: list[str], 
         for _ in range(20):  # warm-up, not recorded
             await one(rng.choice(texts), "warm-up", True)
         records.clear()
-        start = due = switched = time.monotonic()
-        tasks: list[asyncio.Task[None]] = []
+        start = switched = time.monotonic()
         current = ""
-        while due - start < seconds:
-            due += rng.expovariate(rate)
-            await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+        def variant_now() -> tuple[str, bool]:
+            nonlocal current, switched
             variant = variants[int((time.monotonic() - start) // period) % len(variants)]
             if variant != current:
                 current, switched = variant, time.monotonic()
                 RULE_FILE.write_text(current)
-            settling = time.monotonic() - switched < SETTLE_S
-            tasks.append(asyncio.create_task(one(rng.choice(texts), current, settling)))
-        await asyncio.gather(*tasks)
+            return current, time.monotonic() - switched < SETTLE_S
+
+        if rate.startswith("c"):  # closed loop: each client sends its next text when its answer is back
+
+            async def client() -> None:
+                while time.monotonic() - start < seconds:
+                    await one(rng.choice(texts), *variant_now())
+
+            await asyncio.gather(*(client() for _ in range(int(rate[1:]))))
+        else:
+            due = start
+            tasks: list[asyncio.Task[None]] = []
+            while due - start < seconds:
+                due += rng.expovariate(float(rate))
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                tasks.append(asyncio.create_task(one(rng.choice(texts), *variant_now())))
+            await asyncio.gather(*tasks)
     Path(out).write_text(json.dumps(records))
 
 
 if __name__ == "__main__":
     rate, seconds, period, variants, out = sys.argv[1:6]
-    asyncio.run(main(float(rate), float(seconds), float(period), variants.split(","), out))
+    asyncio.run(main(rate, float(seconds), float(period), variants.split(","), out))
