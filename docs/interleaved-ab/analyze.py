@@ -5,6 +5,7 @@ throughput; a Poisson run's rate).
     .venv/bin/python docs/interleaved-ab/analyze.py ab20.json
 """
 
+import itertools
 import json
 import statistics
 import sys
@@ -45,14 +46,10 @@ def main(path: str) -> None:
 def seconds_in_force(records: list[list]) -> dict[str, float]:
     """Per variant, the seconds from the first to the last unsettled send of each of its turns, summed."""
     spans: dict[str, float] = {}
-    turn: list[list] = []
-    for record in [*sorted(records, key=lambda r: r[2]), ["", True, 0, 0, "", 0]]:
-        if turn and record[0] != turn[0][0]:
-            sends = [r[2] for r in turn if not r[1]]
-            if len(sends) > 1:
-                spans[turn[0][0]] = spans.get(turn[0][0], 0.0) + (sends[-1] - sends[0]) / 1e9
-            turn = []
-        turn.append(record)
+    for variant, turn in itertools.groupby(sorted(records, key=lambda r: r[2]), key=lambda r: r[0]):
+        sends = [r[2] for r in turn if not r[1]]
+        if len(sends) > 1:
+            spans[variant] = spans.get(variant, 0.0) + (sends[-1] - sends[0]) / 1e9
     return spans
 
 
