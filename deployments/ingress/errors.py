@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deployments.link.client import LinkBroken
 from preprocess.errors import (
     AuthenticationError,
     DeadlineExceededError,
@@ -35,8 +36,9 @@ log = logging.getLogger("textserve.errors")
 # The code of the error answered in this request's task; read by the accounting middleware for metrics.
 answered_error_code: ContextVar[str | None] = ContextVar("answered_error_code", default=None)
 RETRY_AFTER_S = 1
-# Transient: Serve starts a new replica (ActorDiedError subclasses RayActorError).
-_REPLICA_GONE = (RayActorError, ActorUnavailableError)
+# Transient: Serve starts a new replica (ActorDiedError subclasses RayActorError); LinkBroken: a local
+# pipeline replica died with the request in it.
+_REPLICA_GONE = (RayActorError, ActorUnavailableError, LinkBroken)
 
 # Most specific class first: lookup walks the exception's MRO.
 STATUS_BY_ERROR: dict[type[ServiceError], int] = {

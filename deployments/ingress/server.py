@@ -32,6 +32,8 @@ from deployments.ingress.errors import (
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
 from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.ingress.routing import ModelRouter, Route
+from deployments.link.client import LinkClient
+from deployments.link.frames import this_node_dir
 from deployments.observability.metrics import tenant_input_tokens
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
@@ -100,10 +102,12 @@ class Ingress:
         self._config = IngressConfig()
         self._in_flight = 0
         self._handles: dict[tuple[str, str], DeploymentHandle] = {}
+        self._link = LinkClient(this_node_dir(), self._config.local_link_max_in_flight)
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
         self.reconfigure({})  # the defaults, until Serve hands over the config's user_config
         await self._refresh_cards()
+        self._link.refresh(self._router.models)
         self._refresher = asyncio.get_running_loop().create_task(self._keep_cards_fresh())
 
     def _handle(self, app: str, deployment: str) -> DeploymentHandle:
@@ -131,6 +135,7 @@ class Ingress:
         while True:
             await asyncio.sleep(CARD_REFRESH_S)
             await self._refresh_cards()
+            self._link.refresh(self._router.models)
             now = time.monotonic()
             if self._gate.enabled and now - last_keys >= self._auth.reload_interval_s:
                 last_keys = now
@@ -159,6 +164,7 @@ class Ingress:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         config = IngressConfig.model_validate(user_config)
         self._config = config
+        self._link.max_in_flight = config.local_link_max_in_flight
         if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
             self._fallback_bytes = config.fallback_cache_mb * 2**20
             self._fallback = FallbackCache(int(self._fallback_bytes))
@@ -184,16 +190,13 @@ class Ingress:
         lane = route.lane
         priority = admission().policy.priority
         model_request = ModelRequest(job, options, lane.version, lane.role, route.pinned, priority)
-        answer = self._handle(route.model, MODEL).run.remote(model_request)
         result: SerializedResponse | ServiceError
         try:
-            result = await asyncio.wait_for(answer, timeout)
+            # On timeout (or the client leaving: Serve cancels this handler) the call is cancelled, and the
+            # pipeline drops the request before it costs model time.
+            result = await asyncio.wait_for(self._call_model(route.model, model_request), timeout)
         except asyncio.TimeoutError:
-            answer.cancel()  # the pipeline drops it before it costs model time
             result = DeadlineExceededError(f"no answer within the request's deadline of {timeout:g} s")
-        except asyncio.CancelledError:  # the client disconnected: Serve cancelled this handler
-            answer.cancel()
-            raise
         except Exception as exc:  # a stage failed as a whole (its replica died: wrapped by Ray)
             result = as_service_error(exc)
         finally:
@@ -202,6 +205,24 @@ class Ingress:
                 attributes = {"model": route.model, "version": lane.version}
                 self._tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
         return self._answer(result, key)
+
+    async def _call_model(self, model: str, request: ModelRequest) -> SerializedResponse | ServiceError:
+        """``Model.run`` in the model's pipeline: over the link to a replica on this node while it has one
+        under the link's cap, else by Serve's handle (any node; Serve's replica choice and queue bounds)."""
+        replica = self._link.pick(model)
+        if replica is not None:
+            reply = await self._link.call(replica, request)
+            if reply is not None:
+                if reply.error is not None:
+                    raise RuntimeError(f"the pipeline raised: {reply.error}")
+                answer: SerializedResponse | ServiceError = reply.answer
+                return answer
+        response = self._handle(model, MODEL).run.remote(request)
+        try:
+            return await response
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
 
     def _answer(self, result: SerializedResponse | ServiceError, key: Any) -> Response:
         headers = {}

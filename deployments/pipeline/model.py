@@ -10,6 +10,7 @@ of traffic.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ from ray import serve
 
 from deployments.config import ObservabilityConfig, PipelineConfig, RuntimeConfig
 from deployments.ingress.errors import as_service_error
+from deployments.link.server import LinkServer
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
 from deployments.pipeline.local_model import LocalModels
@@ -31,6 +33,8 @@ from preprocess.errors import DeadlineExceededError, ModelNotFoundError, Service
 from preprocess.tokenize import TokenDetails
 
 READY_TIMEOUT_S = 5.0
+# How long a stopping replica waits for the requests the link brought (Serve waits only for its own).
+LINK_DRAIN_S = 15.0
 # Groups in flight at once, so the stages overlap (one group infers while the next tokenizes). Measured on
 # 2 cores: 2 gave 271-278 seq/s on 32-text requests against 232-238 with 3 or 4, and no less on single texts.
 MAX_GROUPS_IN_FLIGHT = 2
@@ -100,6 +104,18 @@ class ModelDeployment:
             priority_of=_priority,
             priorities=_priorities(_DEFAULTS),
         )
+        # The router's requests from this node come over a Unix socket (deployments/link/), the others
+        # by Serve's handle; both end in run().
+        self._link = LinkServer.for_replica(self.run)
+        if self._link is not None:
+            self._link.start()  # Serve runs the constructor on the replica's event loop
+
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
+        # Serve calls this once its own requests have drained, and awaits what it returns: the link's
+        # requests may still be running. (A coroutine, not an async __del__: garbage collection calls it
+        # too, outside Serve, and must not leave one unawaited.)
+        link, self._link = getattr(self, "_link", None), None
+        return link.close(LINK_DRAIN_S) if link is not None else None
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = PipelineConfig.model_validate(user_config)
@@ -119,6 +135,8 @@ class ModelDeployment:
     async def ready(self) -> list[ModelIdentity]:
         """Answers once every served version has an inference replica with its model loaded."""
         self._local.start()
+        if self._link is not None:
+            self._link.start()
         calls = [self._versions[v].inference.ready.remote() for v in self._order]
         try:
             return list(await asyncio.wait_for(asyncio.gather(*calls), READY_TIMEOUT_S))
@@ -134,6 +152,8 @@ class ModelDeployment:
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
         self._local.start()
+        if self._link is not None:
+            self._link.start()
         job = PipelineJob(
             request.tokenize,
             request.options,
