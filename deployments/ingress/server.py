@@ -34,7 +34,7 @@ from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.link.client import LinkClient
 from deployments.link.frames import this_node_dir
-from deployments.observability.metrics import tenant_input_tokens
+from deployments.observability.metrics import model_call, tenant_input_tokens
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
@@ -213,10 +213,12 @@ class Ingress:
         if replica is not None:
             reply = await self._link.call(replica, request)
             if reply is not None:
+                model_call("link")
                 if reply.error is not None:
                     raise RuntimeError(f"the pipeline raised: {reply.error}")
                 answer: SerializedResponse | ServiceError = reply.answer
                 return answer
+        model_call("handle")
         response = self._handle(model, MODEL).run.remote(request)
         try:
             return await response

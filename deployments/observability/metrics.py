@@ -144,6 +144,23 @@ def tenant_input_tokens(tenant: str, tokens: int) -> None:
         _tenant_tokens[0].inc(tokens, tags={"tenant": tenant})
 
 
+_model_calls: list[metrics.Counter] = []  # made on first use, once per ingress process
+
+
+def model_call(transport: str) -> None:
+    """One router call to a model's pipeline, by how it went: ``link`` (a Unix socket to a replica on this
+    node) or ``handle`` (Serve's). Serve's own per-deployment counters see only the second."""
+    if not _model_calls:
+        _model_calls.append(
+            metrics.Counter(
+                "model_calls_total",
+                description="Router calls to a model's pipeline, by transport (link or handle).",
+                tag_keys=("transport",),
+            )
+        )
+    _model_calls[0].inc(tags={"transport": transport})
+
+
 class GaugeRefresher:
     """Re-sets gauges every few seconds from a daemon thread: Ray exports a gauge only while it is being
     set (a value set once, e.g. model_info at start, disappears from the endpoint), and a periodic

@@ -40,6 +40,7 @@ SERVICE_METRICS: dict[str, str] = {
     "ray_rejected_total": COUNTER,  # reason ("overloaded", "deadline", "too_large", "invalid", ...)
     "ray_tenant_requests_total": COUNTER,  # tenant (its name; "anonymous" without keys), status_code
     "ray_tenant_input_tokens_total": COUNTER,  # tenant
+    "ray_model_calls_total": COUNTER,  # transport ("link": a Unix socket to a local replica; "handle")
     "ray_gpu_utilization_percent": GAUGE,  # device; absent without a GPU
     "ray_gpu_memory_used_bytes": GAUGE,  # device; absent without a GPU
     "ray_model_info": GAUGE,  # = 1; model, version, backend, device
@@ -51,7 +52,13 @@ GPU_METRICS = frozenset({"ray_gpu_utilization_percent", "ray_gpu_memory_used_byt
 # a route); its per-deployment series come from every application.
 ROUTER_APPLICATION = "textserve"
 ROUTER_METRICS = frozenset(
-    {"ray_requests_total", "ray_rejected_total", "ray_tenant_requests_total", "ray_tenant_input_tokens_total"}
+    {
+        "ray_requests_total",
+        "ray_rejected_total",
+        "ray_tenant_requests_total",
+        "ray_tenant_input_tokens_total",
+        "ray_model_calls_total",
+    }
 )
 MODEL_METRICS = frozenset(SERVICE_METRICS) - ROUTER_METRICS
 RAY_SERVE_HTTP_METRICS = frozenset(

@@ -229,6 +229,8 @@ def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
         tags = {**router, "tenant": tenant, "status_code": code}
         out.append(("ray_tenant_requests_total", tags, COUNTER))
     out.append(("ray_tenant_input_tokens_total", {**router, "tenant": "search"}, COUNTER))
+    for transport in ("link", "handle"):
+        out.append(("ray_model_calls_total", {**router, "transport": transport}, COUNTER))
     out.append(("ray_serve_http_request_latency_ms", {**http, "status_code": "200"}, HISTOGRAM))
     out.append(("ray_serve_num_http_requests_total", {**http, "status_code": "200"}, COUNTER))
     out.append(("ray_serve_num_http_error_requests_total", {**http, "error_code": "503"}, COUNTER))
