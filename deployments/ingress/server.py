@@ -106,8 +106,8 @@ class Ingress:
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
         self.reconfigure({})  # the defaults, until Serve hands over the config's user_config
-        await self._refresh_cards()
         self._link.refresh(self._router.models)
+        await self._refresh_cards()
         self._refresher = asyncio.get_running_loop().create_task(self._keep_cards_fresh())
 
     def _handle(self, app: str, deployment: str) -> DeploymentHandle:
@@ -125,17 +125,21 @@ class Ingress:
             except Exception as exc:  # not deployed yet, or rolling: keep routing by the last card
                 log.debug("no card from model %s yet: %r", model, exc)
                 return
+            self._link.saw(card.link)  # Serve still routes to that replica: its socket may be used
             # Clients name a model by its application's name (an alias when it differs from the manifest's).
             self._router.update(card if card.name == model else dataclasses.replace(card, name=model))
 
-        await asyncio.gather(*(one(m) for m in self._router.models))
+        # As many card calls as the model has replicas on this node, at once, so that Serve's replica choice
+        # (the less loaded of two) reaches each of them.
+        calls = [one(m) for m in self._router.models for _ in range(max(1, self._link.local(m)))]
+        await asyncio.gather(*calls)
 
     async def _keep_cards_fresh(self) -> None:
         last_keys = last_count = time.monotonic()
         while True:
             await asyncio.sleep(CARD_REFRESH_S)
-            await self._refresh_cards()
             self._link.refresh(self._router.models)
+            await self._refresh_cards()
             now = time.monotonic()
             if self._gate.enabled and now - last_keys >= self._auth.reload_interval_s:
                 last_keys = now

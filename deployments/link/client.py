@@ -5,6 +5,11 @@ the application and the replica. The router rescans it with the cards (every sec
 the local replica with the fewest of its requests in flight, and keeps at most ``max_in_flight`` there:
 past that (or with no local replica: another node, a replica still starting) the request goes by Serve's
 handle, whose replica choice and queue bounds then spread the load.
+
+A socket is used only while its replica's card keeps coming by Serve's handle (``saw``): Serve stops routing
+to a replica the moment it starts stopping it (a rollout, a downscale), while the replica itself keeps
+listening through Serve's drain (30 s for an application's ingress behind HAProxy), so the socket alone
+would keep a retired version in use.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import asyncio
 import errno
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +48,26 @@ class LocalReplica:
         self.idle.clear()
 
 
+# How long a card from a replica keeps its socket in use: the router reads the cards every second.
+SEEN_FOR_S = 3.5
+
+
 class LinkClient:
     def __init__(self, directory: Path | None, max_in_flight: int) -> None:
         """``directory``: this node's sockets (None: no link, every call by the handle)."""
         self._dir = directory
         self.max_in_flight = max_in_flight
         self._replicas: dict[str, list[LocalReplica]] = {}
+        self._seen: dict[str, float] = {}  # socket name -> when its replica's card last came
+
+    def saw(self, socket_name: str | None) -> None:
+        """A card came by Serve's handle from the replica listening on ``socket_name``."""
+        if socket_name is not None:
+            self._seen[socket_name] = time.monotonic()
+
+    def local(self, app: str) -> int:
+        """How many of the application's replicas listen on this node."""
+        return len(self._replicas.get(app, ()))
 
     def refresh(self, apps: list[str]) -> None:
         """Reads which local replicas listen now; keeps the connections of those still there."""
@@ -68,10 +88,17 @@ class LinkClient:
             for stale in known.values():
                 stale.close()
             self._replicas[app] = now
+        listening = set(names)
+        self._seen = {n: t for n, t in self._seen.items() if n in listening}
 
     def pick(self, app: str) -> LocalReplica | None:
         """The local replica with the fewest of this router's requests, under the cap; None: the handle."""
-        live = [r for r in self._replicas.get(app, ()) if not r.gone and r.in_flight < self.max_in_flight]
+        since = time.monotonic() - SEEN_FOR_S
+        live = [
+            r
+            for r in self._replicas.get(app, ())
+            if not r.gone and r.in_flight < self.max_in_flight and self._seen.get(r.path.name, -1.0) >= since
+        ]
         return min(live, key=lambda r: r.in_flight) if live else None
 
     async def call(self, replica: LocalReplica, request: Any) -> LinkReply | None:

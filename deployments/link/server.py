@@ -3,9 +3,10 @@
 
 Serve's handle between two replicas costs 2-3 ms there and back on an idle host (gRPC wakes several
 threads per call; docs/architecture.md, "The hop after an idle gap"); a Unix socket read by the replica's
-own event loop costs a tenth of that. Serve does not count these requests as the replica's ongoing ones,
-so on shutdown the replica refuses new link requests (the router sends them by the handle, to a replica
-that stays) and waits for those in flight before it exits.
+own event loop costs a tenth of that. Serve does not count these requests as the replica's ongoing ones.
+The router stops sending here once Serve stops routing to this replica (its cards stop coming:
+``client.py``); if Serve calls ``__del__`` in time, the replica also refuses new link requests there (the
+router sends them by the handle) and waits for those in flight before it exits.
 """
 
 from __future__ import annotations

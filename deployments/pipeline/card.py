@@ -86,6 +86,10 @@ class ModelCard:
 
     name: str
     lanes: tuple[LaneCard, ...]
+    # The answering replica's link socket (its file name), if it listens on one: the card comes by Serve's
+    # handle, which stops routing to a replica as soon as Serve stops it, so the router uses only the
+    # sockets of replicas whose cards keep coming (deployments/link/client.py).
+    link: str | None = None
 
     @property
     def stable(self) -> LaneCard:

@@ -130,7 +130,8 @@ class ModelDeployment:
             LaneCard.of(self._versions[v].model.manifest, role, s)
             for v, (role, s) in zip(self._order, roles, strict=False)
         )
-        return ModelCard(name=self._versions[self._order[0]].model.manifest.name, lanes=lanes)
+        link = self._link.path.name if self._link is not None else None
+        return ModelCard(name=self._versions[self._order[0]].model.manifest.name, lanes=lanes, link=link)
 
     async def ready(self) -> list[ModelIdentity]:
         """Answers once every served version has an inference replica with its model loaded."""

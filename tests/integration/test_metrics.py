@@ -237,6 +237,23 @@ def test_rejected_total_is_tagged_by_reason(observed: Observed) -> None:
     assert {"invalid", "too_large"} <= reasons, f"reasons: {reasons}; {_context(observed)}"
 
 
+def test_the_router_reaches_its_local_pipeline_over_the_link(observed: Observed) -> None:
+    # One node: the model's pipeline replica is local, so the router's calls go over the Unix socket
+    # (deployments/link/), not Serve's handle, once the replica's card has come (within a second).
+    def moved(transport: str) -> float:
+        def total(scrape: Scrape) -> float:
+            return sum(
+                s.value
+                for s in scrape.samples["ray_model_calls_total"]
+                if s.labels.get("transport") == transport
+            )
+
+        return total(observed.after) - total(observed.before)
+
+    link, handle = moved("link"), moved("handle")
+    assert link > 0 and link > handle, f"link {link}, handle {handle}; {_context(observed)}"
+
+
 def test_model_info_names_the_served_model(observed: Observed, serve_harness: Any) -> None:
     model = app_named(serve_harness.base_config, DEFAULT_MODEL)["args"]["model"]
     samples = observed.after.samples["ray_model_info"]

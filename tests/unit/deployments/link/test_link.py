@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from deployments.link.client import LinkBroken, LinkClient
+from deployments.link import client as client_module
+from deployments.link.client import SEEN_FOR_S, LinkBroken, LinkClient
 from deployments.link.frames import app_prefix, link_dir, socket_path, sweep_stale
 from deployments.link.server import LinkServer
 
@@ -27,13 +28,21 @@ def run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 10))
 
 
+def refreshed(client: LinkClient, directory: Path, apps: list[str]) -> LinkClient:
+    """The router's refresh: rescan the directory, then the cards of every listening replica come in."""
+    client.refresh(apps)
+    for path in directory.glob("*.sock") if directory.is_dir() else ():
+        client.saw(path.name)
+    return client
+
+
 def test_a_request_and_its_answer_cross_and_the_connection_is_kept(sockets: Path) -> None:
     async def scenario() -> None:
         server = LinkServer(sockets / f"{app_prefix('m')}r1.sock", _double)
         server.start()
         await asyncio.sleep(0.05)
         client = LinkClient(sockets, max_in_flight=4)
-        client.refresh(["m", "other"])
+        refreshed(client, sockets, ["m", "other"])
         replica = client.pick("m")
         assert replica is not None and client.pick("other") is None
         for n in (1, 2, 3):
@@ -55,7 +64,7 @@ def test_a_handler_that_raises_is_an_error_reply_not_a_lost_request(sockets: Pat
         server.start()
         await asyncio.sleep(0.05)
         client = LinkClient(sockets, 4)
-        client.refresh(["m"])
+        refreshed(client, sockets, ["m"])
         replica = client.pick("m")
         assert replica is not None
         reply = await client.call(replica, 1)
@@ -83,7 +92,7 @@ def test_a_caller_that_gives_up_cancels_the_request_in_the_replica(sockets: Path
         server.start()
         await asyncio.sleep(0.05)
         client = LinkClient(sockets, 4)
-        client.refresh(["m"])
+        refreshed(client, sockets, ["m"])
         replica = client.pick("m")
         assert replica is not None
         with pytest.raises(asyncio.TimeoutError):
@@ -113,7 +122,7 @@ def test_shutdown_finishes_what_is_in_flight_and_refuses_what_comes_after(socket
         server.start()
         await asyncio.sleep(0.05)
         client = LinkClient(sockets, 4)
-        client.refresh(["m"])
+        refreshed(client, sockets, ["m"])
         replica = client.pick("m")
         assert replica is not None
         idle = await client._connect(replica)  # a second connection, open before the shutdown
@@ -147,7 +156,7 @@ def test_a_replica_that_dies_with_a_request_in_it_is_a_broken_link(sockets: Path
         server.start()
         await asyncio.sleep(0.05)
         client = LinkClient(sockets, 4)
-        client.refresh(["m"])
+        refreshed(client, sockets, ["m"])
         replica = client.pick("m")
         assert replica is not None
         call = asyncio.ensure_future(client.call(replica, 1))
@@ -174,7 +183,7 @@ def test_a_stale_socket_is_skipped_and_removed(sockets: Path) -> None:
 
     async def scenario() -> None:
         client = LinkClient(sockets, 4)
-        client.refresh(["m"])
+        refreshed(client, sockets, ["m"])
         replica = client.pick("m")
         assert replica is not None
         assert await client.call(replica, 1) is None
@@ -190,8 +199,8 @@ def test_the_least_loaded_local_replica_under_the_cap_takes_a_request(sockets: P
     for name in ("a", "b"):
         (sockets / f"{app_prefix('m')}{name}.sock").touch()
     (sockets / f"{app_prefix('n')}c.sock").touch()
-    client = LinkClient(sockets, max_in_flight=2)
-    client.refresh(["m"])
+    client = refreshed(LinkClient(sockets, max_in_flight=2), sockets, ["m"])
+    assert client.local("m") == 2 and client.local("n") == 0  # only the applications asked for
     a, b = client._replicas["m"]
     a.in_flight, b.in_flight = 1, 0
     assert client.pick("m") is b
@@ -206,6 +215,31 @@ def test_the_least_loaded_local_replica_under_the_cap_takes_a_request(sockets: P
     client.max_in_flight = 2
     client.refresh(["m"])
     assert client._replicas["m"] == [b]  # the same object: its connections are kept
+
+
+def test_a_replica_whose_card_stopped_coming_is_left_to_serve_s_drain(
+    sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sockets.mkdir(parents=True)
+    old, new = (sockets / f"{app_prefix('m')}{n}.sock" for n in ("old", "new"))
+    old.touch()
+    now = [100.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: now[0])
+    client = LinkClient(sockets, max_in_flight=4)
+    client.refresh(["m"])
+    assert client.pick("m") is None  # listening, but no card from it yet: Serve may not route to it
+    client.saw(old.name)
+    assert client.pick("m") is not None
+    new.touch()  # a rollout: the new version's replica starts beside the old one
+    client.refresh(["m"])
+    client.saw(new.name)
+    now[0] += SEEN_FOR_S / 2
+    client.saw(new.name)  # Serve stopped the old one: its cards stop, the new one's keep coming
+    now[0] += SEEN_FOR_S / 2 + 0.1
+    replica = client.pick("m")
+    assert replica is not None and replica.path == new
+    client.saw(None)  # a card from a replica with no link changes nothing
+    assert client.pick("m") is replica
 
 
 def test_no_directory_means_no_link() -> None:
