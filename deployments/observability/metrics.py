@@ -7,6 +7,7 @@ public contract (dashboard, alert rules, README): change them only together with
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -127,38 +128,36 @@ class IngressMetrics:
             self.rejected.inc(tags={"reason": rejected_reason})
 
 
-_tenant_tokens: list[metrics.Counter] = []  # made on first use, once per ingress process
+# The ingress's module-level counters: made on first use (in the replica, where Ray's metrics exist), once.
+@functools.cache
+def _tenant_tokens() -> metrics.Counter:
+    return metrics.Counter(
+        "tenant_input_tokens_total",
+        description="Input tokens of answered requests, by tenant.",
+        tag_keys=("tenant",),
+    )
+
+
+@functools.cache
+def _model_calls() -> metrics.Counter:
+    return metrics.Counter(
+        "model_calls_total",
+        description="Router calls to a model's pipeline, by transport (link or handle).",
+        tag_keys=("transport",),
+    )
 
 
 def tenant_input_tokens(tenant: str, tokens: int) -> None:
     """Input tokens a tenant's answered requests used (what its tokens/min limit counts)."""
-    if not _tenant_tokens:
-        _tenant_tokens.append(
-            metrics.Counter(
-                "tenant_input_tokens_total",
-                description="Input tokens of answered requests, by tenant.",
-                tag_keys=("tenant",),
-            )
-        )
+    counter = _tenant_tokens()
     if tokens > 0:
-        _tenant_tokens[0].inc(tokens, tags={"tenant": tenant})
-
-
-_model_calls: list[metrics.Counter] = []  # made on first use, once per ingress process
+        counter.inc(tokens, tags={"tenant": tenant})
 
 
 def model_call(transport: str) -> None:
     """One router call to a model's pipeline, by how it went: ``link`` (a Unix socket to a replica on this
     node) or ``handle`` (Serve's). Serve's own per-deployment counters see only the second."""
-    if not _model_calls:
-        _model_calls.append(
-            metrics.Counter(
-                "model_calls_total",
-                description="Router calls to a model's pipeline, by transport (link or handle).",
-                tag_keys=("transport",),
-            )
-        )
-    _model_calls[0].inc(tags={"transport": transport})
+    _model_calls().inc(tags={"transport": transport})
 
 
 class GaugeRefresher:

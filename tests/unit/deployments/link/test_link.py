@@ -6,13 +6,14 @@ import asyncio
 import shutil
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deployments.link import client as client_module
-from deployments.link.client import SEEN_FOR_S, LinkBroken, LinkClient
+from deployments.link.client import SEEN_FOR_S, LinkBroken, LinkClient, LocalReplica
 from deployments.link.frames import app_prefix, link_dir, socket_path, sweep_stale
 from deployments.link.server import LinkServer
 
@@ -36,15 +37,29 @@ def refreshed(client: LinkClient, directory: Path, apps: list[str]) -> LinkClien
     return client
 
 
+@dataclass
+class Linked:
+    server: LinkServer
+    client: LinkClient
+    replica: LocalReplica
+
+
+async def linked(sockets: Path, handler: Any, apps: tuple[str, ...] = ("m",)) -> Linked:
+    """A listening replica of application "m" and a router that has read its card."""
+    server = LinkServer(sockets / f"{app_prefix('m')}r1.sock", handler)
+    server.start()
+    await asyncio.sleep(0.05)
+    client = refreshed(LinkClient(sockets, max_in_flight=4), sockets, list(apps))
+    replica = client.pick("m")
+    assert replica is not None
+    return Linked(server, client, replica)
+
+
 def test_a_request_and_its_answer_cross_and_the_connection_is_kept(sockets: Path) -> None:
     async def scenario() -> None:
-        server = LinkServer(sockets / f"{app_prefix('m')}r1.sock", _double)
-        server.start()
-        await asyncio.sleep(0.05)
-        client = LinkClient(sockets, max_in_flight=4)
-        refreshed(client, sockets, ["m", "other"])
-        replica = client.pick("m")
-        assert replica is not None and client.pick("other") is None
+        link = await linked(sockets, _double, ("m", "other"))
+        server, client, replica = link.server, link.client, link.replica
+        assert client.pick("other") is None
         for n in (1, 2, 3):
             reply = await client.call(replica, n)
             assert reply is not None and reply.answer == 2 * n and reply.error is None
@@ -60,13 +75,8 @@ def test_a_handler_that_raises_is_an_error_reply_not_a_lost_request(sockets: Pat
         raise ValueError("bad")
 
     async def scenario() -> None:
-        server = LinkServer(sockets / f"{app_prefix('m')}r1.sock", boom)
-        server.start()
-        await asyncio.sleep(0.05)
-        client = LinkClient(sockets, 4)
-        refreshed(client, sockets, ["m"])
-        replica = client.pick("m")
-        assert replica is not None
+        link = await linked(sockets, boom)
+        server, client, replica = link.server, link.client, link.replica
         reply = await client.call(replica, 1)
         assert reply is not None and reply.error == "ValueError: bad"
         reply = await client.call(replica, 2)  # the connection still serves
@@ -88,13 +98,8 @@ def test_a_caller_that_gives_up_cancels_the_request_in_the_replica(sockets: Path
             raise
 
     async def scenario() -> None:
-        server = LinkServer(sockets / f"{app_prefix('m')}r1.sock", slow)
-        server.start()
-        await asyncio.sleep(0.05)
-        client = LinkClient(sockets, 4)
-        refreshed(client, sockets, ["m"])
-        replica = client.pick("m")
-        assert replica is not None
+        link = await linked(sockets, slow)
+        server, client, replica = link.server, link.client, link.replica
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(client.call(replica, 1), 0.2)
         assert started.is_set()
@@ -117,14 +122,8 @@ def test_shutdown_finishes_what_is_in_flight_and_refuses_what_comes_after(socket
         return n
 
     async def scenario() -> None:
-        path = sockets / f"{app_prefix('m')}r1.sock"
-        server = LinkServer(path, gated)
-        server.start()
-        await asyncio.sleep(0.05)
-        client = LinkClient(sockets, 4)
-        refreshed(client, sockets, ["m"])
-        replica = client.pick("m")
-        assert replica is not None
+        link = await linked(sockets, gated)
+        server, client, replica, path = link.server, link.client, link.replica, link.server.path
         idle = await client._connect(replica)  # a second connection, open before the shutdown
         assert idle is not None
         first = asyncio.ensure_future(client.call(replica, 7))
@@ -145,20 +144,14 @@ def test_shutdown_finishes_what_is_in_flight_and_refuses_what_comes_after(socket
 
 def test_a_replica_that_dies_with_a_request_in_it_is_a_broken_link(sockets: Path) -> None:
     async def scenario() -> None:
-        path = sockets / f"{app_prefix('m')}r1.sock"
         dying = asyncio.Event()
 
         async def die(_: Any) -> Any:
             dying.set()
             await asyncio.sleep(30)
 
-        server = LinkServer(path, die)
-        server.start()
-        await asyncio.sleep(0.05)
-        client = LinkClient(sockets, 4)
-        refreshed(client, sockets, ["m"])
-        replica = client.pick("m")
-        assert replica is not None
+        link = await linked(sockets, die)
+        server, client, replica = link.server, link.client, link.replica
         call = asyncio.ensure_future(client.call(replica, 1))
         await dying.wait()
         assert server._server is not None
