@@ -343,7 +343,8 @@ class IngressConfig(_Frozen):
     )
     # The link (deployments/link/) saves Serve's handle hop, 2-3 ms of a 15-20 ms light request: one
     # client +26 %, p50 at 20 req/s -3.5 ms (docs/architecture.md). Past the cap the handle's replica choice
-    # and queue bounds take over, so one node's replica is not the only one loaded.
+    # and queue bounds take over; and for a model with a replica on another node the handle takes every
+    # request (deployments/link/client.py), so one node's replica is not the only one loaded.
     local_link_max_in_flight: int = Field(
         default=64,
         ge=0,

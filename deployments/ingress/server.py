@@ -125,13 +125,13 @@ class Ingress:
             except Exception as exc:  # not deployed yet, or rolling: keep routing by the last card
                 log.debug("no card from model %s yet: %r", model, exc)
                 return
-            self._link.saw(card.link)  # Serve still routes to that replica: its socket may be used
+            self._link.saw(model, card.link)  # Serve still routes to that replica: its socket may be used
             # Clients name a model by its application's name (an alias when it differs from the manifest's).
             self._router.update(card if card.name == model else dataclasses.replace(card, name=model))
 
-        # As many card calls as the model has replicas on this node, at once, so that Serve's replica choice
+        # As many card calls as the model has replicas (up to 8), at once, so that Serve's replica choice
         # (the less loaded of two) reaches each of them.
-        calls = [one(m) for m in self._router.models for _ in range(max(1, self._link.local(m)))]
+        calls = [one(m) for m in self._router.models for _ in range(self._link.card_calls(m))]
         await asyncio.gather(*calls)
 
     async def _keep_cards_fresh(self) -> None:

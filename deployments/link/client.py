@@ -10,6 +10,11 @@ A socket is used only while its replica's card keeps coming by Serve's handle (`
 to a replica the moment it starts stopping it (a rollout, a downscale), while the replica itself keeps
 listening through Serve's drain (30 s for an application's ingress behind HAProxy), so the socket alone
 would keep a retired version in use.
+
+And only while every replica of the model whose card came lately listens on this node: a replica on
+another node (or one with no socket) is reached only by the handle, and sending this router's requests to
+the local ones over the link would leave it idle while they queue. Serve's replica choice, by each
+replica's queue, spreads them then.
 """
 
 from __future__ import annotations
@@ -50,6 +55,10 @@ class LocalReplica:
 
 # How long a card from a replica keeps its socket in use: the router reads the cards every second.
 SEEN_FOR_S = 3.5
+# How long a card counts its replica among the model's, wherever it runs (it may be missed a few times).
+KNOWN_FOR_S = 10.0
+MAX_CARD_CALLS = 8
+UNLINKED = ""  # the key of cards from replicas with no socket
 
 
 class LinkClient:
@@ -58,16 +67,21 @@ class LinkClient:
         self._dir = directory
         self.max_in_flight = max_in_flight
         self._replicas: dict[str, list[LocalReplica]] = {}
-        self._seen: dict[str, float] = {}  # socket name -> when its replica's card last came
+        self._seen: dict[str, dict[str, float]] = {}  # app -> socket name -> when its card last came
 
-    def saw(self, socket_name: str | None) -> None:
-        """A card came by Serve's handle from the replica listening on ``socket_name``."""
-        if socket_name is not None:
-            self._seen[socket_name] = time.monotonic()
+    def saw(self, app: str, socket_name: str | None) -> None:
+        """A card of ``app`` came by Serve's handle from the replica listening on ``socket_name`` (any
+        node; None: a replica with no socket)."""
+        self._seen.setdefault(app, {})[socket_name or UNLINKED] = time.monotonic()
 
-    def local(self, app: str) -> int:
-        """How many of the application's replicas listen on this node."""
-        return len(self._replicas.get(app, ()))
+    def card_calls(self, app: str) -> int:
+        """How many card calls to make at once, so that Serve's replica choice reaches each replica."""
+        replicas = max(1, len(self._replicas.get(app, ())), len(self._known(app, KNOWN_FOR_S)))
+        return min(MAX_CARD_CALLS, replicas)
+
+    def _known(self, app: str, within_s: float) -> set[str]:
+        since = time.monotonic() - within_s
+        return {name for name, at in self._seen.get(app, {}).items() if at >= since}
 
     def refresh(self, apps: list[str]) -> None:
         """Reads which local replicas listen now; keeps the connections of those still there."""
@@ -88,17 +102,15 @@ class LinkClient:
             for stale in known.values():
                 stale.close()
             self._replicas[app] = now
-        listening = set(names)
-        self._seen = {n: t for n, t in self._seen.items() if n in listening}
+            self._seen[app] = {n: self._seen[app][n] for n in self._known(app, KNOWN_FOR_S)}
 
     def pick(self, app: str) -> LocalReplica | None:
         """The local replica with the fewest of this router's requests, under the cap; None: the handle."""
-        since = time.monotonic() - SEEN_FOR_S
-        live = [
-            r
-            for r in self._replicas.get(app, ())
-            if not r.gone and r.in_flight < self.max_in_flight and self._seen.get(r.path.name, -1.0) >= since
-        ]
+        local = self._replicas.get(app, ())
+        if not self._known(app, KNOWN_FOR_S) <= {r.path.name for r in local}:
+            return None  # the model has replicas the link does not reach: Serve balances over all of them
+        carded = self._known(app, SEEN_FOR_S)
+        live = [r for r in local if not r.gone and r.in_flight < self.max_in_flight and r.path.name in carded]
         return min(live, key=lambda r: r.in_flight) if live else None
 
     async def call(self, replica: LocalReplica, request: Any) -> LinkReply | None:

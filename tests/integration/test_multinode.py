@@ -1,7 +1,7 @@
 """Two Ray nodes on one machine (the engine a cluster uses): replicas on both, traffic served by both.
 
 A second node joins the session's Ray with `ray start --address=...`, as a worker pod joins the head
-on KubeRay; the inference deployment asks for one replica per node.
+on KubeRay; the inference and pipeline deployments ask for one replica per node.
 """
 
 from __future__ import annotations
@@ -75,6 +75,9 @@ def multinode_app(serve_harness: ServeHarness, model_repo: Path, second_node: st
     inference = deployment_named(entry, "Inference")
     inference.pop("autoscaling_config", None)
     inference.update(num_replicas=2, max_replicas_per_node=1)  # one replica on each node
+    # The pipeline on both nodes too: the router (on the head) then has a replica its link does not reach,
+    # and sends by Serve's handle (deployments/link/client.py).
+    deployment_named(entry, "Model").update(num_replicas=2, max_replicas_per_node=1)
     serve_harness.deploy_extra(entry, router)
     yield f"{serve_harness.url}{ROUTE}/predict"
     serve_harness.remove_extras()

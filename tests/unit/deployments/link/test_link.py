@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from deployments.link import client as client_module
-from deployments.link.client import SEEN_FOR_S, LinkBroken, LinkClient, LocalReplica
+from deployments.link.client import KNOWN_FOR_S, SEEN_FOR_S, LinkBroken, LinkClient, LocalReplica
 from deployments.link.frames import app_prefix, link_dir, socket_path, sweep_stale
 from deployments.link.server import LinkServer
 
@@ -32,8 +32,9 @@ def run(coro: Any) -> Any:
 def refreshed(client: LinkClient, directory: Path, apps: list[str]) -> LinkClient:
     """The router's refresh: rescan the directory, then the cards of every listening replica come in."""
     client.refresh(apps)
-    for path in directory.glob("*.sock") if directory.is_dir() else ():
-        client.saw(path.name)
+    for app in apps:
+        for path in directory.glob(f"{app_prefix(app)}*.sock") if directory.is_dir() else ():
+            client.saw(app, path.name)
     return client
 
 
@@ -193,7 +194,8 @@ def test_the_least_loaded_local_replica_under_the_cap_takes_a_request(sockets: P
         (sockets / f"{app_prefix('m')}{name}.sock").touch()
     (sockets / f"{app_prefix('n')}c.sock").touch()
     client = refreshed(LinkClient(sockets, max_in_flight=2), sockets, ["m"])
-    assert client.local("m") == 2 and client.local("n") == 0  # only the applications asked for
+    assert len(client._replicas["m"]) == 2 and "n" not in client._replicas  # only the applications asked for
+    assert client.card_calls("m") == 2 and client.card_calls("n") == 1  # a card call for each replica
     a, b = client._replicas["m"]
     a.in_flight, b.in_flight = 1, 0
     assert client.pick("m") is b
@@ -221,18 +223,45 @@ def test_a_replica_whose_card_stopped_coming_is_left_to_serve_s_drain(
     client = LinkClient(sockets, max_in_flight=4)
     client.refresh(["m"])
     assert client.pick("m") is None  # listening, but no card from it yet: Serve may not route to it
-    client.saw(old.name)
+    client.saw("m", old.name)
     assert client.pick("m") is not None
     new.touch()  # a rollout: the new version's replica starts beside the old one
     client.refresh(["m"])
-    client.saw(new.name)
+    client.saw("m", new.name)
     now[0] += SEEN_FOR_S / 2
-    client.saw(new.name)  # Serve stopped the old one: its cards stop, the new one's keep coming
+    client.saw("m", new.name)  # Serve stopped the old one: its cards stop, the new one's keep coming
     now[0] += SEEN_FOR_S / 2 + 0.1
     replica = client.pick("m")
     assert replica is not None and replica.path == new
-    client.saw(None)  # a card from a replica with no link changes nothing
-    assert client.pick("m") is replica
+
+
+def test_a_model_with_a_replica_the_link_does_not_reach_is_left_to_serve_s_handle(
+    sockets: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sockets.mkdir(parents=True)
+    here = sockets / f"{app_prefix('m')}here.sock"
+    here.touch()
+    now = [100.0]
+    monkeypatch.setattr(client_module.time, "monotonic", lambda: now[0])
+    client = LinkClient(sockets, max_in_flight=4)
+    client.refresh(["m"])
+    client.saw("m", here.name)
+    assert client.pick("m") is not None
+    # Another node's replica: its socket is in that node's directory, not this one.
+    client.saw("m", f"{app_prefix('m')}there.sock")
+    assert client.pick("m") is None  # the link would leave it idle: every request by the handle
+    assert client.card_calls("m") == 2
+    for _ in range(int(KNOWN_FOR_S) + 1):  # it is gone (a downscale): its cards stop
+        now[0] += 1.0
+        client.saw("m", here.name)
+        client.refresh(["m"])
+    assert client.pick("m") is not None and client.card_calls("m") == 1
+    client.saw("m", None)  # a replica with no socket is one the link does not reach either
+    assert client.pick("m") is None
+    client.saw("other", None)  # another model's replicas do not count
+    now[0] += KNOWN_FOR_S + 0.1
+    client.saw("m", here.name)
+    assert client.pick("m") is not None
 
 
 def test_no_directory_means_no_link() -> None:
