@@ -124,7 +124,7 @@ def sorted_groups(lengths: list[int], size: int, seed: int) -> list[list[int]]:
 
 def default_micro_batch() -> tuple[int, int]:
     """The code's default pass limits (``BatchingConfig``: micro_batch_size, micro_batch_tokens)."""
-    from deployments.config import BatchingConfig
+    from deployments.user_config import BatchingConfig
 
     defaults = BatchingConfig()
     return defaults.micro_batch_size, defaults.micro_batch_tokens

@@ -142,7 +142,7 @@ def service_micro_batch(opts: Options) -> tuple[int, int]:
     does; what the config does not write, and everything without a service config, is the code's
     defaults (``BatchingConfig``)."""
     from bench.config_edit import ConfigEditError, user_config_of
-    from deployments.config import BatchingConfig
+    from deployments.user_config import BatchingConfig
 
     values: dict[str, Any] = {}
     config = _service_config(opts)

@@ -41,7 +41,7 @@ DEFAULT_GRID: dict[str, list[Any]] = {
 def batching_fields() -> set[str] | None:
     """The keys the service's Inference user_config accepts (None when the model cannot be imported)."""
     try:
-        from deployments.config import BatchingConfig
+        from deployments.user_config import BatchingConfig
     except ImportError:
         return None
     return set(BatchingConfig.model_fields)
@@ -70,7 +70,7 @@ def validate(base: dict[str, Any], candidates: Sequence[dict[str, Any]]) -> list
     try:
         from pydantic import ValidationError
 
-        from deployments.config import BatchingConfig
+        from deployments.user_config import BatchingConfig
     except ImportError:
         return []
     problems = []

@@ -14,11 +14,12 @@ from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
-from deployments.config import IngressConfig, LimitsConfig
+from deployments.config import LimitsConfig
 from deployments.ingress.errors import as_service_error
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.tracing import Tracing
 from deployments.pipeline.card import MODEL
+from deployments.user_config import IngressConfig
 from postprocess.contracts import RerankOptions, ResponseOptions
 from postprocess.contracts import Route as RouteName
 from postprocess.payloads import tokenize_payload

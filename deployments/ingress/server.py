@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
 from deployments.access.gate import AccessGate
-from deployments.config import IngressConfig, RouterArgs, resolve_path
+from deployments.config import RouterArgs, resolve_path
 from deployments.ingress import generation, retrieval
 from deployments.ingress.access import AccessControl, admission
 from deployments.ingress.accounting import RequestAccounting
@@ -38,6 +38,7 @@ from deployments.observability.metrics import model_call, tenant_input_tokens
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
+from deployments.user_config import IngressConfig
 from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.contracts import Route as RouteName
 from postprocess.render import negotiate_media_type, render

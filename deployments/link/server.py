@@ -58,7 +58,7 @@ class LinkServer:
 
     def start(self) -> None:
         """Listen from the running event loop (the replica's), once; a failure leaves the handle path.
-        Called again from the replica's methods, in case its constructor ran outside the loop."""
+        Called again from the replica's ``ready()``, in case its constructor ran outside the loop."""
         if self._starting is None and not self._closing:
             try:
                 loop = asyncio.get_running_loop()

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from deployments.config import BatchingConfig, ObservabilityConfig, RuntimeConfig
+from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import GpuMonitor, InferenceMetrics
 from deployments.observability.profiling import BatchProfiler
 from deployments.observability.setup import setup_replica
@@ -34,6 +34,7 @@ from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
 from deployments.runtime.cpu_priority import lower_cpu_priority
+from deployments.user_config import BatchingConfig
 from postprocess.contracts import ModelIdentity
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import ServiceError, UnavailableError

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from deployments.config import BatchingConfig, RuntimeConfig
+from deployments.config import RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.tracing import Tracing
 from deployments.pipeline.batching import BatchLimits
@@ -28,6 +28,7 @@ from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
 from deployments.runtime.heap import freeze_loaded_heap
 from deployments.runtime.lone_pass import LonePass
+from deployments.user_config import BatchingConfig
 from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")

@@ -16,7 +16,7 @@ from typing import Any
 
 from ray import serve
 
-from deployments.config import ObservabilityConfig, PipelineConfig, RuntimeConfig
+from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.ingress.errors import as_service_error
 from deployments.link.server import LinkServer
 from deployments.observability.setup import setup_replica
@@ -27,6 +27,7 @@ from deployments.pipeline.request_group import ModelRequest, PipelineJob, Reques
 from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
+from deployments.user_config import PipelineConfig
 from postprocess.contracts import ModelIdentity, SerializedResponse
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
@@ -153,8 +154,6 @@ class ModelDeployment:
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
         self._local.start()
-        if self._link is not None:
-            self._link.start()
         job = PipelineJob(
             request.tokenize,
             request.options,

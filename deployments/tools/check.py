@@ -18,19 +18,12 @@ import yaml
 from ray.serve.schema import ServeApplicationSchema, ServeDeploySchema  # imports no running Ray
 
 from deployments.access.tenants import TenantsFile
-from deployments.config import (
-    PROJECT_ROOT,
-    BatchingConfig,
-    IngressConfig,
-    ModelAppArgs,
-    PipelineConfig,
-    RouterArgs,
-    resolve_path,
-)
+from deployments.config import PROJECT_ROOT, ModelAppArgs, RouterArgs, resolve_path
 from deployments.pipeline.card import INFERENCE, MODEL, SERIALIZER, TOKENIZER
 from deployments.repository.manifest import ManifestError
 from deployments.repository.resolve import resolve_model
 from deployments.tools.ports import PortHolder, holders
+from deployments.user_config import BatchingConfig, IngressConfig, PipelineConfig
 
 ROUTER = "deployments.app:build_router"
 MODEL_APP = "deployments.app:build_model"

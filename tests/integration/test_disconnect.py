@@ -20,7 +20,7 @@ import httpx
 import pytest
 from ray import serve
 
-from deployments.config import PipelineConfig
+from deployments.user_config import PipelineConfig
 from tests.integration.conftest import APP, DEFAULT_MODEL
 from tests.integration.texts import near_limit
 

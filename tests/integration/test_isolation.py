@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 from ray import serve
 
-from deployments.config import PipelineConfig
+from deployments.user_config import PipelineConfig
 from tests.integration.conftest import (
     APP,
     DEFAULT_MODEL,

@@ -13,8 +13,9 @@ from bench.corpus import build_corpus
 from bench.inprocess import RowPlan, default_micro_batch, measure_model, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
-from deployments.config import BatchingConfig, RuntimeConfig
+from deployments.config import RuntimeConfig
 from deployments.repository.manifest import ResolvedModel
+from deployments.user_config import BatchingConfig
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]
 LENGTHS = [3 + (i % 7) for i in range(70)]

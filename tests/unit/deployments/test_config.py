@@ -14,18 +14,16 @@ from ray.serve.schema import ServeDeploySchema
 
 from deployments.config import (
     PROJECT_ROOT,
-    BatchingConfig,
-    IngressConfig,
     LimitsConfig,
     ModelAppArgs,
     ModelConfig,
-    PipelineConfig,
     RouterArgs,
     RuntimeConfig,
     resolve_path,
 )
 from deployments.repository.resolve import resolve_model
 from deployments.tools.check import GENERATOR, IDENTITY, decorator_options
+from deployments.user_config import BatchingConfig, IngressConfig, PipelineConfig
 
 CONFIGS = [PROJECT_ROOT / "serve_config.yaml", PROJECT_ROOT / "examples" / "multi-model.yaml"]
 ROUTER = "deployments.app:build_router"
@@ -137,7 +135,8 @@ def _restated(written: dict[str, Any], defaults: dict[str, Any], where: str) -> 
 
 def test_configs_restate_no_default(raw):
     """One source of truth: a value written in the config is a choice that differs from the code's
-    default (deployments/config.py, the deployment decorators); a restated default is a second copy."""
+    default (deployments/config.py, deployments/user_config.py, the deployment decorators); a restated
+    default is a second copy."""
     restated: list[str] = []
     for app in raw["applications"]:
         kind = ARGS_MODELS[app["import_path"]]

@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 import pytest
 
-from deployments.config import ObservabilityConfig, PipelineConfig, RuntimeConfig
+from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.batching import BatchLimits
 from deployments.pipeline.group_runner import OutputMaker, run_groups
@@ -23,6 +23,7 @@ from deployments.pipeline.request_group import PipelineJob
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.backends import create_runner
+from deployments.user_config import PipelineConfig
 from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from preprocess.contracts import EncodedTexts, Priority, TokenizeJob
 from preprocess.errors import InputTooLongError, ServiceError

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from deployments.config import BatchingConfig
 from deployments.tools.check import MODEL_APP, ROUTER, main
+from deployments.user_config import BatchingConfig
 
 ROOT = Path(__file__).resolve().parents[4]
 MODEL = "all-MiniLM-L6-v2"

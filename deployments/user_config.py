@@ -1,0 +1,114 @@
+"""The ``user_config`` blocks of ``serve_config.yaml``: ``BatchingConfig`` (Inference), ``IngressConfig``
+(the router) and ``PipelineConfig`` (a model's ``Model``). Ray Serve hands them to ``reconfigure()``, so a
+change in the config file takes effect without restarting replicas. The ``args`` blocks, fixed for a
+deployment's life, are in ``deployments/config.py``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from deployments.config import _Frozen
+
+
+class BatchingConfig(_Frozen):
+    """Inference ``user_config``: the dynamic-batching knobs, tunable at run time."""
+
+    max_batch_size: int = Field(default=64, ge=1, le=4096, description="Sequences per batch.")
+    max_batch_tokens: int = Field(
+        default=16384,
+        ge=1,
+        description="Padded tokens per batch (longest x count); a longer item runs alone.",
+    )
+    # Per forward pass. On CPU, small passes win (cache-resident activations): measured here 320 seq/s
+    # at 512 padded tokens vs 160 seq/s at 32 x longest; on a GPU, raise both.
+    micro_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per forward pass.")
+    # 256 on 2 CPU cores: 8 single texts 24 vs 30 ms at 512, 64 texts 138 vs 148 ms (docs/benchmarks.md).
+    micro_batch_tokens: int = Field(default=256, ge=1, description="Padded tokens per forward pass.")
+    # A maximum wait for the first request of a batch: a full batch leaves at once.
+    batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
+    adaptive_wait: bool = Field(
+        default=True, description="Shrink the wait when batches stay small, grow it when they hit the cap."
+    )
+    min_wait_s: float = Field(default=0.0005, ge=0.0, le=1.0)
+    max_wait_s: float = Field(default=0.02, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _window_in_bounds(self) -> BatchingConfig:
+        if self.min_wait_s > self.max_wait_s:
+            raise ValueError("min_wait_s must not exceed max_wait_s")
+        return self
+
+
+class IngressConfig(_Frozen):
+    """Ingress ``user_config``: admission, deadlines and the degraded-answer cache. The ingress routes
+    each request on its own; batching happens in each model's inference deployment."""
+
+    max_in_flight: int = Field(
+        default=512,
+        ge=1,
+        description="Requests inside one ingress replica; past it: 503 + Retry-After at once.",
+    )
+    request_timeout_s: float = Field(
+        default=30.0, gt=0, description="Default deadline; a client may ask for less with X-Request-Timeout."
+    )
+    fallback_cache_mb: float = Field(
+        default=64.0,
+        ge=0.0,
+        description="LRU of recent answers served, marked degraded, when the model path "
+        "fails or times out; 0 turns it off.",
+    )
+    # The link (deployments/link/) saves Serve's handle hop, 2-3 ms of a 15-20 ms light request: one
+    # client +26 %, p50 at 20 req/s -3.5 ms (docs/architecture.md). Past the cap the handle's replica choice
+    # and queue bounds take over; and for a model with a replica on another node the handle takes every
+    # request (deployments/link/client.py), so one node's replica is not the only one loaded.
+    local_link_max_in_flight: int = Field(
+        default=64,
+        ge=0,
+        description="Requests this ingress replica sends at once to one pipeline replica on its own node "
+        "over a Unix socket, instead of Serve's handle; 0: always the handle.",
+    )
+
+
+class PipelineConfig(_Frozen):
+    """``user_config`` of a model application's ``Model`` deployment: its pipeline and its card.
+
+    Concurrent requests for the model travel its stages (tokenize, infer, serialize) as one group per call,
+    so the per-call cost of a hop is shared; the model's batches form in Inference."""
+
+    max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
+    # A maximum, never a minimum: a group forms when a slot is free and takes what is queued; at 0 a request
+    # with a free slot leaves at once, and requests that arrive while both slots run join the next group.
+    group_wait_timeout_s: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="The longest a group's first request waits for company."
+    )
+
+    candidate_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of requests that name no version sent to the candidate version (canary).",
+    )
+    # A group this small is tokenized and serialized by the pipeline replica itself (and, for a CPU model,
+    # run on its copy): the hops to the stage replicas cost more than the work. 8192 (about 45 corpus texts,
+    # or one 32-text request) rather than 2048: under open-loop load a backlog of a few longer texts passed
+    # 2048, took the three hops and made the tail; A/B, two rounds: p99 at 30/60 req/s 34/41 and 30/39 ms
+    # against 50/47 and 36/44, 32-text requests 389 against 358-363 seq/s (docs/architecture.md). Larger
+    # groups (several 32-text requests, bulk) still go to the stages, which work beside the pipeline.
+    inline_chars: int = Field(
+        default=8192,
+        ge=0,
+        le=1_000_000,
+        description="Groups with at most this many characters skip the Tokenizer and Serializer "
+        "deployments (0: every group goes through them).",
+    )
+    float_decimals: int | None = Field(
+        default=6, ge=0, le=9, description="Round JSON floats to this many decimals; null keeps all."
+    )
+    batch_min_share: float = Field(
+        default=0.25,
+        ge=0.0,
+        le=1.0,
+        description="The share of the pipeline's recent busy time that bulk (batch-priority) tenants keep "
+        "while interactive work waits too: interactive groups go first, bulk is never starved.",
+    )
