@@ -123,13 +123,15 @@ class RuntimeConfig(_Frozen):
         "of at most inline_chars characters itself, one Ray hop fewer (single texts, one client: 39.7 -> "
         "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
     )
-    lone_pass: Literal["auto", "off"] = Field(
+    lone_pass: Literal["auto", "onnx", "off"] = Field(
         default="auto",
         description="CPU copy (small_groups_in_pipeline) only: a group that runs while no other does "
         "takes both cores, on ONNX Runtime over the version's fp32 export in <version>/onnx/ with its "
-        "threads pinned (deployments/runtime/lone_pass.py). auto: where the replica may use exactly 2 CPUs "
+        "threads pinned (deployments/runtime/lone_pass.py), where the replica may use exactly 2 CPUs "
         "and the export's manifest and outputs agree with the copy's (checked at load; else one thread, "
-        "logged). Light load on 2 cores: docs/architecture.md, A lone pass on both cores.",
+        "logged). auto: also the copy's torch graph on the same two pinned threads, for the lengths where "
+        "it was faster at load (runtime/lone_torch.py; needs GOMP_SPINCOUNT <= 100000); onnx: ONNX Runtime "
+        "only. Light load on 2 cores: docs/architecture.md, A lone pass on both cores.",
     )
     lone_pass_max_overlap: float = Field(
         default=0.25,

@@ -75,8 +75,15 @@ class LocalModel:
         # use both cores, where one group on a single thread would leave the other core idle.
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="local-model")
         self._lone = (
-            LonePass.for_copy(model, self._runner, runtime.verify_checksums, runtime.lone_pass_max_overlap)
-            if runtime.lone_pass == "auto"
+            LonePass.for_copy(
+                model,
+                self._runner,
+                runtime.verify_checksums,
+                runtime.lone_pass_max_overlap,
+                copy_threads=runtime.intra_op_threads,
+                torch_lengths=runtime.lone_pass == "auto",
+            )
+            if runtime.lone_pass != "off"
             else None
         )
         self._running = 0  # groups in the copy now, on either runner
@@ -92,7 +99,9 @@ class LocalModel:
         if lone is not None and not lone.overlaps.takes(self._running, self._beside):
             lone = None
         runner, executor = (
-            (lone.runner, lone.executor) if lone is not None else (self._runner, self._executor)
+            (lone.runner_for(_longest(group)), lone.executor)
+            if lone is not None
+            else (self._runner, self._executor)
         )
         beside = lone is None
         self._beside += beside
@@ -118,6 +127,10 @@ class LocalModel:
                 attributes = {"batch_sequences": result.sequences, "in_pipeline": True}
                 self._tracing.record_span(member.trace, "inference", started[0], end_ns, attributes)
         return result.answers[0]
+
+
+def _longest(group: Group) -> int:
+    return max((m.longest for m in group if isinstance(m, EncodedTexts)), default=0)
 
 
 class LocalModels:

@@ -33,6 +33,7 @@ from deployments.repository.manifest import (
     weights_dir_of,
 )
 from deployments.repository.weights_check import check_weights
+from deployments.runtime.lone_torch import torch_lone_pass
 from deployments.runtime.onnx_runner import OnnxRunner, session_options
 from deployments.runtime.openmp import on_passing_thread
 from deployments.runtime.runner_base import BatchRunner
@@ -139,6 +140,16 @@ class LonePass:
         self.executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
         self.where = where
         self.overlaps = Overlaps(max_overlap)
+        # The copy's torch graph on this thread, for groups of at least ``torch_from`` tokens
+        # (runtime/lone_torch.py): measured at load, None where ONNX Runtime was as fast at every length.
+        self.torch: BatchRunner | None = None
+        self.torch_from = 0
+
+    def runner_for(self, longest: int) -> BatchRunner:
+        """The lone pass's runner for a group whose longest text has ``longest`` tokens."""
+        if self.torch is not None and longest >= self.torch_from:
+            return self.torch
+        return self.runner
 
     @classmethod
     def for_copy(
@@ -148,8 +159,12 @@ class LonePass:
         hash_files: bool,
         max_overlap: float = 1.0,
         allowed: set[int] | None = None,
+        copy_threads: int | None = 1,
+        torch_lengths: bool = True,
     ) -> LonePass | None:
-        """The copy's lone pass, or None (logged) where it was not measured or does not check out."""
+        """The copy's lone pass, or None (logged) where it was not measured or does not check out.
+        ``torch_lengths``: also measure the copy's torch graph on the lone pass's threads and run the lengths
+        where it was faster on it; ``copy_threads``: the copy's intra-op threads."""
         cpus = os.sched_getaffinity(0) if allowed is None else allowed
         where = placement(cpus)
         if where is None:
@@ -171,7 +186,14 @@ class LonePass:
             log.error("lone passes on one thread: the ONNX export's outputs differ from the copy's: %s", exc)
             lone.executor.shutdown()
             return None
-        lone.executor.submit(lone.runner.warm_up, served.manifest.input.max_tokens, 2).result()
+        max_tokens = served.manifest.input.max_tokens
+        lone.executor.submit(lone.runner.warm_up, max_tokens, 2).result()
+        if torch_lengths:
+            chosen = torch_lone_pass(
+                copy, copy_threads, lone.runner, lone.executor, where.worker_cpu, max_tokens
+            )
+            if chosen is not None:
+                lone.torch, lone.torch_from = chosen
         log.info(
             "lone passes: ONNX Runtime, caller on CPU %d, worker on CPU %d",
             where.caller_cpu,

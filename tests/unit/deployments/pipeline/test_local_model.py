@@ -24,6 +24,7 @@ from deployments.pipeline.stage_work import TokenizeWork
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime import heap, lone_pass
+from deployments.runtime.lone_torch import SharedForward
 from deployments.runtime.runner_base import BatchRunner
 from postprocess.contracts import ModelOutput
 from preprocess.contracts import TokenizeJob
@@ -33,7 +34,7 @@ from preprocess.errors import ModelExecutionError, ServiceError
 def _local(
     model: ResolvedModel,
     workers: int,
-    lone_pass: Literal["auto", "off"] = "off",
+    lone_pass: Literal["auto", "onnx", "off"] = "off",
     max_overlap: float = 0.25,
 ) -> tuple[LocalModel, TokenizeWork]:
     tracing = setup_replica(ObservabilityConfig())
@@ -190,6 +191,37 @@ def test_at_light_load_a_group_that_forms_during_a_lone_pass_waits_for_it_on_its
     assert all(isinstance(a, ModelOutput) for a in answers)
     assert overlapped == [False, False] and threads == []  # both on the lone pass, one after the other
     assert local._running == 0 and local._beside == 0
+
+
+def test_on_the_lone_pass_a_group_as_long_as_torch_from_runs_on_the_copys_torch_graph(
+    onnx_repository: Path, two_cpus: set[int]
+) -> None:
+    served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
+    local, tokenize = _local(served, workers=2, lone_pass="auto")
+    one_thread, _ = _local(served, workers=2)
+    lone = local._lone
+    assert lone is not None
+    lone.torch, lone.torch_from = SharedForward(local._runner), 12  # as if measured faster from 12 tokens
+    ran: list[str] = []
+    for name, runner in (("onnx", lone.runner), ("torch", lone.torch)):
+        forward = runner._forward
+
+        def recorded(
+            ids: np.ndarray, mask: np.ndarray, forward: Any = forward, name: str = name
+        ) -> np.ndarray:
+            ran.append(f"{name} {ids.shape[1]}")
+            return forward(ids, mask)
+
+        runner._forward = recorded  # type: ignore[method-assign]
+    for text in ("short", "a text of more than twelve tokens, run on the copy's own graph on both cores"):
+        group = tokenize.encode([TokenizeJob([text])])
+        got = asyncio.run(local.infer(group))[0]
+        want = asyncio.run(one_thread.infer(group))[0]
+        assert isinstance(got, ModelOutput) and isinstance(want, ModelOutput)
+        assert float(np.dot(got.values[0], want.values[0])) >= 0.9999
+    (short, long) = ran
+    assert short.startswith("onnx ") and int(short.split()[1]) < 12
+    assert long.startswith("torch ") and int(long.split()[1]) >= 12
 
 
 def test_once_recent_groups_overlap_a_group_that_forms_while_another_runs_takes_the_one_thread_copy(
