@@ -3,14 +3,16 @@
     .venv/bin/python -m bench.idle_pass --model-dir models/all-MiniLM-L6-v2/1 --pauses 5,20,50,100
     GOMP_SPINCOUNT=1000000 .venv/bin/python -m bench.idle_pass ...      # libgomp's workers spinning longer
     .venv/bin/python -m bench.idle_pass ... --onnx-file infinity=.bench/infinity-model/model.onnx
+    GOMP_SPINCOUNT=10000 .venv/bin/python -m bench.idle_pass --pauses 5,50 --texts 20 --lengths 12,64,128,158
 
 Light open-loop traffic (10 req/s) leaves the machine idle ~100 ms between requests; one client sending texts
 one after another leaves it idle a few ms. This measures a pass of one corpus text after each pause, on one
 model thread (set up on a thread that ends, as the replicas do: runtime/openmp.py), one variant after
 the other: the service's copy (torch, the configured precision, traced, one intra-op thread), the same on two
 threads, and ONNX Runtime on the model's export (one thread; two threads with and without its spinning, and
-spinning only within a run: ``session.force_spinning_stop``), and the service's lone pass where the machine
-allows one (two threads pinned to two CPUs, deployments/runtime/lone_pass.py). It
+spinning only within a run: ``session.force_spinning_stop``), and the service's lone passes where the machine
+allows one (two threads pinned to two CPUs: ONNX Runtime, deployments/runtime/lone_pass.py, and the copy's
+torch graph, deployments/runtime/lone_torch.py). ``--lengths``: one table column per text length. It
 answers whether a second thread helps a lone pass at the gaps real traffic leaves (docs/architecture.md,
 "a third time").
 """
@@ -111,6 +113,29 @@ def _lone_pass(export_dir: Path) -> tuple[str, Pass] | None:
     return label, run
 
 
+def _torch_lone_pass(runner: Any, precision: str) -> tuple[str, Pass] | None:
+    """The lone pass on the copy's torch graph (deployments/runtime/lone_torch.py): two OpenMP threads, the
+    calling thread and libgomp's worker pinned to one CPU each. Set ``GOMP_SPINCOUNT`` as the service does."""
+    import os
+
+    from deployments.runtime.lone_pass import placement
+    from deployments.runtime.lone_torch import SharedForward, spin_count, start_pinned_pool
+
+    where = placement(os.sched_getaffinity(0))
+    if where is None:
+        return None
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lone-torch")
+    executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
+    shared = SharedForward(runner)
+    if not executor.submit(start_pinned_pool, shared, where.worker_cpu).result():
+        return None
+
+    def run(ids: np.ndarray, mask: np.ndarray) -> Any:
+        return executor.submit(shared._forward, ids, mask).result()
+
+    return f"torch {precision}, the lone pass on torch: 2 threads pinned, GOMP_SPINCOUNT {spin_count()}", run
+
+
 def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> dict[str, Pass]:
     from bench.inprocess import load_model_dir, make_runner
 
@@ -132,6 +157,9 @@ def variants(model_dir: Path, precision: str, onnx_files: dict[str, Path]) -> di
     lone = _lone_pass(own.parent) if own.exists() else None
     if lone is not None:
         found[lone[0]] = lone[1]
+    lone_torch = _torch_lone_pass(runner, precision)
+    if lone_torch is not None:
+        found[lone_torch[0]] = lone_torch[1]
     return found
 
 
@@ -175,6 +203,31 @@ def measure(
     return Measured(results, cpu)
 
 
+def nearest_lengths(
+    inputs: list[tuple[np.ndarray, np.ndarray]], lengths: list[int], reps: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each wanted token count, the input nearest to it, ``reps`` times in a row."""
+    chosen = [min(inputs, key=lambda pair: abs(pair[0].shape[1] - want)) for want in lengths]
+    return [pair for pair in chosen for _ in range(reps)]
+
+
+def render_by_length(measured: Measured, inputs: list[tuple[np.ndarray, np.ndarray]], reps: int) -> str:
+    """p50 ms of each block of ``reps`` passes (one text each), by pause and variant."""
+    lengths = [ids.shape[1] for ids, _ in inputs[::reps]]
+    lines = [
+        "| pause | variant | " + " | ".join(f"{n} tokens" for n in lengths) + " | CPU ms per pass |",
+        "|---|---|" + "---|" * (len(lengths) + 1),
+    ]
+    for pause, by_variant in measured.seconds.items():
+        for label, seconds in by_variant.items():
+            cells = [
+                f"{1000 * statistics.median(seconds[i : i + reps]):.1f}" for i in range(0, len(seconds), reps)
+            ]
+            cpu = 1000 * measured.cpu_per_pass.get((pause, label), float("nan"))
+            lines.append(f"| {1000 * pause:g} ms | {label} | " + " | ".join(cells) + f" | {cpu:.1f} |")
+    return "\n".join(lines)
+
+
 def corpus_inputs(model_dir: Path, count: int) -> list[tuple[np.ndarray, np.ndarray]]:
     from bench.corpus import build_corpus
     from bench.inprocess import load_model_dir
@@ -198,11 +251,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pauses", type=parse_pauses, default=parse_pauses("5,20,50,100"))
     parser.add_argument("--texts", type=int, default=100, help="corpus texts, one pass each per variant")
     parser.add_argument("--onnx-file", action="append", default=[], metavar="LABEL=PATH")
+    parser.add_argument(
+        "--lengths",
+        help="token counts like 12,64,128,158: the corpus text nearest each, --texts passes each, by length",
+    )
     ns = parser.parse_args(argv)
     extra = {label: Path(path) for label, _, path in (s.partition("=") for s in ns.onnx_file)}
     from deployments.runtime.openmp import on_passing_thread
 
     passes = on_passing_thread(lambda: variants(ns.model_dir, ns.precision, extra))
+    if ns.lengths:
+        wanted = [int(n) for n in ns.lengths.split(",")]
+        inputs = nearest_lengths(corpus_inputs(ns.model_dir, 600), wanted, ns.texts)
+        print(render_by_length(measure(passes, inputs, ns.pauses), inputs, ns.texts))
+        return 0
     print(render(measure(passes, corpus_inputs(ns.model_dir, ns.texts), ns.pauses)))
     return 0
 

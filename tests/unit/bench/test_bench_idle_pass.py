@@ -58,3 +58,20 @@ def test_an_onnx_export_adds_its_thread_and_spinning_variants(
     lone = [label for label in labels if label.startswith("onnx fp32, the lone pass")]
     # Only where the service would use one: exactly two CPUs allowed (deployments/runtime/lone_pass.py).
     assert len(lone) == (placement(os.sched_getaffinity(0)) is not None)
+
+
+def test_by_length_each_text_length_gets_a_column_and_torch_gets_its_pinned_lone_pass(
+    onnx_model: ResolvedModel, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model_dir = onnx_model.onnx_file.parent.parent
+    argv = ["--model-dir", str(model_dir), "--texts", "2", "--pauses", "0", "--lengths", "4,30"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[0].strip(" |").split(" | ")
+    assert header[0] == "pause" and header[-1] == "CPU ms per pass"
+    lengths = [int(cell.split()[0]) for cell in header[2:-1]]
+    assert len(lengths) == 2 and lengths[0] < lengths[1]  # the corpus texts nearest 4 and 30 tokens
+    rows = [line.strip(" |").split(" | ") for line in lines[2:]]
+    assert all(len(row) == len(header) and float(row[2]) > 0 and float(row[3]) > 0 for row in rows)
+    on_torch = [row[1] for row in rows if "the lone pass on torch" in row[1]]
+    assert len(on_torch) == (placement(os.sched_getaffinity(0)) is not None)
