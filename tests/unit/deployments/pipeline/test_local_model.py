@@ -146,23 +146,33 @@ def two_cpus(monkeypatch: pytest.MonkeyPatch) -> set[int]:
     return two
 
 
-def test_a_group_alone_runs_on_both_pinned_cores_and_gives_the_copys_answers(
-    onnx_repository: Path, two_cpus: set[int]
-) -> None:
+def _with_lone_pass(onnx_repository: Path) -> tuple[LocalModel, TokenizeWork, LocalModel]:
+    """A copy with its lone pass (the repository's ONNX export), its tokenizer, and the copy on one thread."""
     served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
     local, tokenize = _local(served, workers=2, lone_pass="auto")
     one_thread, _ = _local(served, workers=2)
     assert local._lone is not None and one_thread._lone is None
+    return local, tokenize, one_thread
+
+
+def _answers_alike(local: LocalModel, one_thread: LocalModel, tokenize: TokenizeWork, text: str) -> None:
+    group = tokenize.encode([TokenizeJob([text])])
+    got = asyncio.run(local.infer(group))[0]
+    want = asyncio.run(one_thread.infer(group))[0]
+    assert isinstance(got, ModelOutput) and isinstance(want, ModelOutput)
+    assert float(np.dot(got.values[0], want.values[0])) >= 0.9999  # cosine: normalized embeddings
+
+
+def test_a_group_alone_runs_on_both_pinned_cores_and_gives_the_copys_answers(
+    onnx_repository: Path, two_cpus: set[int]
+) -> None:
+    local, tokenize, one_thread = _with_lone_pass(onnx_repository)
+    assert local._lone is not None
     caller = local._lone.executor.submit(_affinity, 0).result()
     assert caller == {min(two_cpus)}  # ONNX Runtime's worker gets the other (session option)
     threads = _held_forward(local, parties=1, runners=[local._runner, local._lone.runner])
     for text in TEXTS:
-        group = tokenize.encode([TokenizeJob([text])])
-        got = asyncio.run(local.infer(group))[0]
-        want = asyncio.run(one_thread.infer(group))[0]
-        assert isinstance(got, ModelOutput) and isinstance(want, ModelOutput)
-        cosine = float(np.dot(got.values[0], want.values[0]))  # normalized embeddings
-        assert cosine >= 0.9999
+        _answers_alike(local, one_thread, tokenize, text)
     assert threads == ["lone-pass_0", "lone-pass_0"]
 
 
@@ -196,9 +206,7 @@ def test_at_light_load_a_group_that_forms_during_a_lone_pass_waits_for_it_on_its
 def test_on_the_lone_pass_a_group_as_long_as_torch_from_runs_on_the_copys_torch_graph(
     onnx_repository: Path, two_cpus: set[int]
 ) -> None:
-    served = resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
-    local, tokenize = _local(served, workers=2, lone_pass="auto")
-    one_thread, _ = _local(served, workers=2)
+    local, tokenize, one_thread = _with_lone_pass(onnx_repository)
     lone = local._lone
     assert lone is not None
     lone.torch, lone.torch_from = SharedForward(local._runner), 12  # as if measured faster from 12 tokens
@@ -214,11 +222,7 @@ def test_on_the_lone_pass_a_group_as_long_as_torch_from_runs_on_the_copys_torch_
 
         runner._forward = recorded  # type: ignore[method-assign]
     for text in ("short", "a text of more than twelve tokens, run on the copy's own graph on both cores"):
-        group = tokenize.encode([TokenizeJob([text])])
-        got = asyncio.run(local.infer(group))[0]
-        want = asyncio.run(one_thread.infer(group))[0]
-        assert isinstance(got, ModelOutput) and isinstance(want, ModelOutput)
-        assert float(np.dot(got.values[0], want.values[0])) >= 0.9999
+        _answers_alike(local, one_thread, tokenize, text)
     (short, long) = ran
     assert short.startswith("onnx ") and int(short.split()[1]) < 12
     assert long.startswith("torch ") and int(long.split()[1]) >= 12

@@ -13,10 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deployments.config import ModelConfig
 from deployments.repository.manifest import ManifestError, ResolvedModel
-from deployments.repository.resolve import resolve_model
-from deployments.runtime.backends import ready_runner
 from deployments.runtime.lone_pass import (
     LonePass,
     Overlaps,
@@ -33,16 +30,6 @@ def test_only_two_allowed_cpus_place_a_lone_pass() -> None:
     assert placement({5, 3}) == Placement(caller_cpu=3, worker_cpu=5)
     assert placement({0}) is None
     assert placement({0, 1, 2, 3}) is None
-
-
-@pytest.fixture(scope="module")
-def served(onnx_repository: Path) -> ResolvedModel:
-    return resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
-
-
-@pytest.fixture(scope="module")
-def copy(served: ResolvedModel) -> BatchRunner:
-    return ready_runner(served, "cpu", 4, threads=1, parallel_passes=2, graph="trace")
 
 
 def _with_export_manifest(served: ResolvedModel, tmp_path: Path, **changes: object) -> ResolvedModel:

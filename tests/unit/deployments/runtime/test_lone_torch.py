@@ -6,17 +6,13 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from deployments.config import ModelConfig
 from deployments.repository.manifest import ResolvedModel
-from deployments.repository.resolve import resolve_model
 from deployments.runtime import lone_torch
-from deployments.runtime.backends import ready_runner
 from deployments.runtime.lone_pass import LonePass
 from deployments.runtime.lone_torch import SharedForward, start_pinned_pool, torch_from, torch_lone_pass
 from deployments.runtime.runner_base import BatchRunner
@@ -29,16 +25,6 @@ def test_torch_takes_the_lengths_from_the_shortest_at_which_it_wins_at_every_lon
     assert torch_from({16: (5.0, 4.0), 160: (10.0, 11.0)}) is None  # slower at the longest: never
     assert torch_from({16: (5.0, 5.0), 48: (9.0, 8.0)}) == 48  # a tie is not a win
     assert torch_from({16: (5.0, 4.0), 48: (9.0, 8.0)}) == 16
-
-
-@pytest.fixture(scope="module")
-def served(onnx_repository: Path) -> ResolvedModel:
-    return resolve_model(ModelConfig(repository=str(onnx_repository)), hash_files=False)
-
-
-@pytest.fixture(scope="module")
-def copy(served: ResolvedModel) -> BatchRunner:
-    return ready_runner(served, "cpu", 4, threads=1, parallel_passes=2, graph="trace")
 
 
 def _two_cpus() -> list[int]:
