@@ -119,15 +119,15 @@ def _torch_lone_pass(runner: Any, precision: str) -> tuple[str, Pass] | None:
     import os
 
     from deployments.runtime.lone_pass import placement
-    from deployments.runtime.lone_torch import SharedForward, spin_count, start_pinned_pool
+    from deployments.runtime.lone_torch import pinned_forward, spin_count
 
     where = placement(os.sched_getaffinity(0))
     if where is None:
         return None
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lone-torch")
     executor.submit(os.sched_setaffinity, 0, {where.caller_cpu}).result()
-    shared = SharedForward(runner)
-    if not executor.submit(start_pinned_pool, shared, where.worker_cpu).result():
+    shared = pinned_forward(runner, executor, where.worker_cpu)
+    if shared is None:
         return None
 
     def run(ids: np.ndarray, mask: np.ndarray) -> Any:

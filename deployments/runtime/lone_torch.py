@@ -84,6 +84,16 @@ def start_pinned_pool(runner: BatchRunner, worker_cpu: int) -> bool:
     return True
 
 
+def pinned_forward(copy: BatchRunner, executor: ThreadPoolExecutor, worker_cpu: int) -> SharedForward | None:
+    """The copy's forward on ``executor``'s one (pinned) thread with two OpenMP threads, libgomp's worker
+    pinned to ``worker_cpu`` (``start_pinned_pool``); None where that worker could not be told apart. Threads
+    that start torch later (the copy's own) keep one thread, as a copy of ``intra_op_threads`` 1 runs."""
+    shared = SharedForward(copy)
+    pinned = executor.submit(start_pinned_pool, shared, worker_cpu).result()
+    on_passing_thread(lambda: torch.set_num_threads(1), name="torch-threads")
+    return shared if pinned else None
+
+
 def torch_from(timings: dict[int, tuple[float, float]]) -> int | None:
     """From ``{length: (onnx seconds, torch seconds)}``: the shortest length from which torch was faster at
     every longer length too, or None where it was not faster at the longest."""
@@ -133,11 +143,8 @@ def torch_lone_pass(
     if spins is None or spins > MAX_SPIN:
         log.info("lone passes on ONNX Runtime only: set %s at most %d (now %s)", SPIN_ENV, MAX_SPIN, spins)
         return None
-    shared = SharedForward(copy)
-    pinned = executor.submit(start_pinned_pool, shared, worker_cpu).result()
-    # Threads that start torch later (the copy's own) take torch's default: the copy's one thread again.
-    on_passing_thread(lambda: torch.set_num_threads(1), name="torch-threads")
-    if not pinned:
+    shared = pinned_forward(copy, executor, worker_cpu)
+    if shared is None:
         log.warning("lone passes on ONNX Runtime only: could not tell libgomp's worker thread apart")
         return None
     lengths = sorted({min(n, max_tokens) for n in CALIBRATION_LENGTHS})
@@ -150,4 +157,11 @@ def torch_lone_pass(
     return None if start is None else (shared, start)
 
 
-__all__ = ["SharedForward", "start_pinned_pool", "time_both", "torch_from", "torch_lone_pass"]
+__all__ = [
+    "SharedForward",
+    "pinned_forward",
+    "start_pinned_pool",
+    "time_both",
+    "torch_from",
+    "torch_lone_pass",
+]

@@ -14,7 +14,7 @@ import torch
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime import lone_torch
 from deployments.runtime.lone_pass import LonePass
-from deployments.runtime.lone_torch import SharedForward, start_pinned_pool, torch_from, torch_lone_pass
+from deployments.runtime.lone_torch import SharedForward, pinned_forward, torch_from, torch_lone_pass
 from deployments.runtime.runner_base import BatchRunner
 
 
@@ -57,11 +57,10 @@ def test_the_pinned_pool_pins_its_one_worker_and_leaves_later_threads_on_one(cop
     before = {int(t) for t in os.listdir("/proc/self/task")}
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lone-pass")
     executor.submit(os.sched_setaffinity, 0, {caller_cpu}).result()
-    shared = SharedForward(copy)
     try:
-        assert executor.submit(start_pinned_pool, shared, worker_cpu).result()
+        shared = pinned_forward(copy, executor, worker_cpu)
+        assert isinstance(shared, SharedForward)
         assert executor.submit(torch.get_num_threads).result() == 2
-        lone_torch.on_passing_thread(lambda: torch.set_num_threads(1))
         new = {int(t) for t in os.listdir("/proc/self/task")} - before
         pinned = [t for t in new if _affinity(t) == {worker_cpu}]
         assert len(pinned) == 1  # libgomp's one worker; the executor's own thread is on the caller's CPU
