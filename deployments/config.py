@@ -75,8 +75,27 @@ class ModelConfig(_Frozen):
 
 
 class LimitsConfig(_Frozen):
-    max_inputs_per_request: int = Field(default=256, ge=1)
-    max_body_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    """The sizes a client must respect, router-wide. ``GET /v1/models`` lists them in each entry's ``limits``
+    (with the model's own ``max_tokens_per_input``, from its manifest), and each is a 4xx naming it."""
+
+    max_inputs_per_request: int = Field(
+        default=256,
+        ge=1,
+        description="Inputs (texts or token-id lists) per request; also a rerank's documents. Over it: 400 "
+        "too_many_inputs.",
+    )
+    max_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1024,
+        description="Request body bytes (listed as max_request_bytes). Over it: 413 payload_too_large.",
+    )
+
+    @property
+    def max_documents_per_rerank(self) -> int:
+        """A rerank's documents are sequences in the same token-budget batches as an embedding request's
+        inputs and cost the same, so one bound serves both (Cohere's API takes up to 1000: raise
+        ``max_inputs_per_request`` for that)."""
+        return self.max_inputs_per_request
 
 
 class ProfilerConfig(_Frozen):

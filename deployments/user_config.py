@@ -77,6 +77,15 @@ class PipelineConfig(_Frozen):
     so the per-call cost of a hop is shared; the model's batches form in Inference."""
 
     max_group_size: int = Field(default=64, ge=1, le=1024, description="Requests per group.")
+    max_group_inputs: int = Field(
+        default=512,
+        ge=1,
+        le=4096,
+        description="Inputs (texts, documents, a rerank's query) per group, beside max_group_size: bounds "
+        "what one call between the model's replicas carries and how long a group's requests wait for each "
+        "other. A request with more inputs still runs, in a group of its own. Raise it with the inputs per "
+        "request (the router's limits.max_inputs_per_request) or on a GPU that takes larger batches.",
+    )
     # A maximum, never a minimum: a group forms when a slot is free and takes what is queued; at 0 a request
     # with a free slot leaves at once, and requests that arrive while both slots run join the next group.
     group_wait_timeout_s: float = Field(

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from postprocess.contracts import ModelOutput, RerankOptions, ResponseOptions
+from postprocess.contracts import ModelOutput, RerankOptions, ResponseOptions, SparseRows
 from postprocess.payloads import round_floats, shorten_embeddings, typed_embeddings, usage
 from preprocess.errors import UnsupportedTaskError
 
@@ -89,9 +89,12 @@ def sparse_payload(output: ModelOutput, decimals: int | None) -> list[list[dict[
         raise UnsupportedTaskError(
             f"model {output.model.name!r} is a {output.task} model and returns no sparse embeddings"
         )
+    values = output.values
+    sparse = values if isinstance(values, SparseRows) else SparseRows.of(values, SPARSE_THRESHOLD)
     rows = []
-    for row in output.values:
-        (index,) = np.nonzero(row > SPARSE_THRESHOLD)
-        weights = round_floats(row[index].astype(np.float64), decimals).tolist()
-        rows.append([{"index": int(i), "value": w} for i, w in zip(index.tolist(), weights, strict=True)])
+    for i in range(len(sparse)):
+        index, weights = sparse.row(i)
+        kept = weights > SPARSE_THRESHOLD
+        rounded = round_floats(weights[kept].astype(np.float64), decimals).tolist()
+        rows.append([{"index": c, "value": w} for c, w in zip(index[kept].tolist(), rounded, strict=True)])
     return rows

@@ -39,6 +39,16 @@ class TokenizeJob:
     query: str | None = None  # rerank: pairs with a cross-encoder, else embedded first
     query_prompt: str = ""
     max_tokens: int | None = None  # rerank: each document cut to this many of its own tokens
+    # How the client named what it sent, for errors: the body's field holding the texts (its ``param``,
+    # ``texts[3]``) and how that route asks for truncation.
+    field: str = "input"
+    truncate_hint: str = '"truncate": true'
+
+    @property
+    def inputs(self) -> int:
+        """Sequences the job makes: its texts (or id lists), and a rerank's query."""
+        count = len(self.token_ids) if self.token_ids is not None else len(self.texts)
+        return count + (self.query is not None)
 
     @property
     def size(self) -> int:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from preprocess.errors import InputTooLongError, InvalidRequestError, UnsupportedTaskError
+from preprocess.limits import MAX_CONTEXT_TOKENS, MAX_NEW_TOKENS
 from preprocess.schemas import Text, Texts, TokenIds, _StrictRequest
 
 # Strict floats accept JSON ints (``"temperature": 0``) but not strings or booleans.
@@ -222,18 +223,20 @@ def generation_params(
         field = request.PROMPT_FIELD
         raise InputTooLongError(
             f"{field}: {prompt_tokens} tokens leave no room to generate in the model's context of "
-            f"{context_tokens} tokens",
+            f"{context_tokens} tokens ({MAX_CONTEXT_TOKENS}); shorten it",
             field,
         )
     asked, field = request.requested_max_tokens
     if asked is None:
         max_new = min(default_max_tokens, max_tokens_cap, room)
     elif asked > max_tokens_cap:
-        raise InvalidRequestError(f"{field}: at most {max_tokens_cap} per request, got {asked}", field)
+        raise InvalidRequestError(
+            f"{field}: at most {max_tokens_cap} new tokens per request ({MAX_NEW_TOKENS}), got {asked}", field
+        )
     elif asked > room:
         raise InvalidRequestError(
             f"{field}: the prompt's {prompt_tokens} tokens plus {field}={asked} exceed the model's context "
-            f"of {context_tokens} tokens; at most {room} new tokens fit",
+            f"of {context_tokens} tokens ({MAX_CONTEXT_TOKENS}); at most {room} new tokens fit",
             field,
         )
     else:

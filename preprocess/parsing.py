@@ -12,9 +12,11 @@ from preprocess.errors import (
     InvalidJSONError,
     InvalidRequestError,
     ModelNotFoundError,
+    PayloadTooLargeError,
     TooManyInputsError,
     UnsupportedMediaTypeError,
 )
+from preprocess.limits import MAX_DOCUMENTS, MAX_INPUTS, MAX_REQUEST_BYTES
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
@@ -72,9 +74,23 @@ def parse_body(body: bytes, content_type: str | None, schema: type[RequestT]) ->
         raise InvalidRequestError(message, field) from None
 
 
-def check_input_count(count: int, max_inputs: int, field: str = "input") -> None:
+def check_input_count(count: int, max_inputs: int, field: str = "input", limit: str = MAX_INPUTS) -> None:
+    """400 ``too_many_inputs`` naming the body's field (``param``), the limit and its value."""
     if count > max_inputs:
-        raise TooManyInputsError(f"too many inputs: {count} given, at most {max_inputs} per request", field)
+        what = "documents" if limit == MAX_DOCUMENTS else "inputs"
+        raise TooManyInputsError(
+            f"too many {what} in {field!r}: {count} given, over the limit of {max_inputs} per request "
+            f"({limit})",
+            field,
+        )
+
+
+def check_body_size(size: int, max_bytes: int) -> None:
+    """413 ``payload_too_large`` once a body (declared or read so far) is over ``max_bytes``."""
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"request body is over the limit of {max_bytes} bytes ({MAX_REQUEST_BYTES})"
+        )
 
 
 def pinned_version(requested: str | None, name: str, versions: Sequence[str]) -> str | None:

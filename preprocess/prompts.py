@@ -63,11 +63,13 @@ def rerank_job(
     documents: list[str],
     truncate: bool,
     max_doc_tokens: int | None,
+    field: str = "documents",
 ) -> TokenizeJob:
     """A rerank's inputs. A cross-encoder (task rerank) reads raw pairs; an embedding model embeds the
-    query and the documents, each with its prompt for that role when it has one."""
+    query and the documents, each with its prompt for that role when it has one. ``field``: the body's
+    field holding the documents (Cohere's ``documents``, TEI's ``texts``), for errors."""
     if task == "rerank":
-        return TokenizeJob(documents, truncate, query=query, max_tokens=max_doc_tokens)
+        return TokenizeJob(documents, truncate, query=query, max_tokens=max_doc_tokens, field=field)
     return TokenizeJob(
         documents,
         truncate,
@@ -75,4 +77,5 @@ def rerank_job(
         query=query,
         query_prompt=role_prompt(prompts, "search_query"),
         max_tokens=max_doc_tokens,
+        field=field,
     )

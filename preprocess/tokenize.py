@@ -16,8 +16,10 @@ from tokenizers import Encoding, Tokenizer
 
 from preprocess.contracts import EncodedTexts, TokenizeJob
 from preprocess.errors import InputTooLongError, InvalidRequestError
+from preprocess.limits import MAX_TOKENS_PER_INPUT
 
 _PROBE = ("a", "b")  # one token each in every vocabulary we serve: used to find the special-token template
+TRUNCATE_HINT = '"truncate": true'  # how most routes ask for truncation (Cohere's /v2/embed: "END")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +88,13 @@ class TextTokenizer:
         prompt: str = "",
         max_tokens: int | None = None,
         field: str = "input",
+        hint: str | None = TRUNCATE_HINT,
+        max_tokens_field: str = "max_tokens",
     ) -> EncodedTexts:
         """``prompt`` is prepended to each text (its tokens count against the limit); ``max_tokens`` is a
-        lower limit of the request's own, on each text's tokens without the special ones."""
+        lower limit of the request's own (its field ``max_tokens_field``), on each text's tokens without the
+        special ones. ``field`` and ``hint`` name, in a refusal, the body's field and how the route asks for
+        truncation (None: it cannot)."""
         inputs = [prompt + t for t in texts] if prompt else texts
         encodings = self._tok.encode_batch(inputs, add_special_tokens=True)
         limit = (
@@ -100,13 +106,19 @@ class TextTokenizer:
         for i, enc in enumerate(encodings):
             if enc.overflowing or len(enc.ids) > limit:
                 if not truncate:
-                    raise self._too_long(field if len(texts) == 1 else f"{field}[{i}]", limit)
+                    where = field if len(texts) == 1 else f"{field}[{i}]"
+                    requested = None if limit == self.max_tokens else (max_tokens_field, max_tokens)
+                    raise self._too_long(where, hint, requested)
                 truncated += 1
             rows.append(self._cut(np.asarray(enc.ids, dtype=np.int32), limit))
         return _pack(rows, truncated)
 
     def encode_ids(
-        self, token_ids: Sequence[Sequence[int]], truncate: bool = False, prompt: str = ""
+        self,
+        token_ids: Sequence[Sequence[int]],
+        truncate: bool = False,
+        prompt: str = "",
+        hint: str | None = TRUNCATE_HINT,
     ) -> EncodedTexts:
         """Token ids a client made with this tokenizer (``add_special_tokens=False``): the model's special
         tokens (and the prompt's tokens) are added here, so ``[7592, 2088]`` is exactly "hello world"."""
@@ -124,32 +136,43 @@ class TextTokenizer:
                 )
             if len(ids) > room:
                 if not truncate:
-                    raise self._too_long(where, self.max_tokens)
+                    raise self._too_long(where, hint)
                 truncated += 1
             rows.append(np.asarray([*lead, *ids[:room], *t.suffix], dtype=np.int32))
         return _pack(rows, truncated)
 
     def encode_pairs(
-        self, query: str, documents: list[str], truncate: bool = True, max_doc_tokens: int | None = None
+        self,
+        query: str,
+        documents: list[str],
+        truncate: bool = True,
+        max_doc_tokens: int | None = None,
+        field: str = "documents",
+        hint: str | None = TRUNCATE_HINT,
     ) -> EncodedTexts:
         """(query, document) pairs for a cross-encoder: only the document side is cut, to the model's limit
-        and to ``max_doc_tokens``; a query that leaves no room for a document is refused."""
+        (the pair's, special tokens included) and to ``max_doc_tokens``; a query that leaves no room for a
+        document is refused."""
         t = self.template
         q = self._tok.encode(query, add_special_tokens=False).ids
         room = self.max_tokens - len(q) - len(t.prefix) - len(t.middle) - len(t.suffix)
         if room < 1:
             raise InputTooLongError(
-                f"query is longer than the model's limit of {self.max_tokens} tokens leaves room for", "query"
+                f"query leaves no room for a document within the model's limit of {self.max_tokens} tokens "
+                f"per (query, document) pair ({MAX_TOKENS_PER_INPUT}); shorten it",
+                "query",
             )
-        if max_doc_tokens is not None:
-            room = min(room, max_doc_tokens)
+        requested = None
+        if max_doc_tokens is not None and max_doc_tokens < room:
+            room, requested = max_doc_tokens, ("max_tokens_per_doc", max_doc_tokens)
         docs = self._tok.encode_batch(documents, add_special_tokens=False)
         head = [*t.prefix, *q, *t.middle]
         rows, truncated = [], 0
         for i, enc in enumerate(docs):
             if len(enc.ids) > room or enc.overflowing:
                 if not truncate:
-                    raise self._too_long(f"documents[{i}]", self.max_tokens)
+                    where = field if len(documents) == 1 else f"{field}[{i}]"
+                    raise self._too_long(where, hint, requested, pair=True)
                 truncated += 1
             rows.append(np.asarray([*head, *enc.ids[:room], *t.suffix], dtype=np.int32))
         return _pack(rows, truncated)
@@ -158,7 +181,7 @@ class TextTokenizer:
         encodings = self._tok.encode_batch([prompt + t for t in texts], add_special_tokens=True)
         for i, enc in enumerate(encodings):
             if enc.overflowing and not truncate:
-                raise self._too_long("input" if len(texts) == 1 else f"input[{i}]", self.max_tokens)
+                raise self._too_long("input" if len(texts) == 1 else f"input[{i}]", TRUNCATE_HINT)
         return [_details(e) for e in encodings]
 
     def _cut(self, row: np.ndarray, limit: int) -> np.ndarray:
@@ -168,26 +191,45 @@ class TextTokenizer:
         keep = row[len(t.prefix) : len(t.prefix) + limit - t.single_extra]
         return np.concatenate([np.asarray(t.prefix, np.int32), keep, np.asarray(t.suffix, np.int32)])
 
-    def _too_long(self, where: str, limit: int) -> InputTooLongError:
-        whose = "the model's" if limit == self.max_tokens else "the request's"
-        return InputTooLongError(
-            f'{where} is longer than {whose} limit of {limit} tokens; shorten it or send "truncate": true',
-            where,
-        )
+    def _too_long(
+        self,
+        where: str,
+        hint: str | None,
+        requested: tuple[str, int | None] | None = None,
+        pair: bool = False,
+    ) -> InputTooLongError:
+        """400 ``input_too_long`` naming the input (``param``), the limit it is over and its value: the
+        model's ``max_tokens_per_input``, or the request's own (``requested``: its field and value)."""
+        if requested is not None:
+            limit = f"the request's {requested[0]} of {requested[1]} tokens"
+        else:
+            counted = (
+                "query, document and special tokens together"
+                if pair
+                else "special tokens and prompt included"
+            )
+            limit = (
+                f"the model's limit of {self.max_tokens} tokens per input ({MAX_TOKENS_PER_INPUT}, {counted})"
+            )
+        fix = f"shorten it or send {hint}" if hint else "shorten it"
+        return InputTooLongError(f"{where} is over {limit}; {fix}", where)
 
 
 def encode_job(tokenizer: TextTokenizer, job: TokenizeJob, pairs: bool) -> EncodedTexts:
     """A request's inputs as token ids. A rerank (``job.query``) becomes (query, document) pairs for a
     cross-encoder (``pairs``), or, for an embedding model, the query followed by the documents."""
+    field, hint = job.field, job.truncate_hint
     if job.query is not None:
         if pairs:
-            return tokenizer.encode_pairs(job.query, job.texts, job.truncate, job.max_tokens)
-        query = tokenizer.encode([job.query], prompt=job.query_prompt, field="query")
-        docs = tokenizer.encode(job.texts, job.truncate, job.prompt, job.max_tokens, field="documents")
+            return tokenizer.encode_pairs(job.query, job.texts, job.truncate, job.max_tokens, field, hint)
+        query = tokenizer.encode([job.query], prompt=job.query_prompt, field="query", hint=None)
+        docs = tokenizer.encode(
+            job.texts, job.truncate, job.prompt, job.max_tokens, field, hint, "max_tokens_per_doc"
+        )
         return concat(query, docs)
     if job.token_ids is not None:
-        return tokenizer.encode_ids(job.token_ids, job.truncate, job.prompt)
-    return tokenizer.encode(job.texts, job.truncate, job.prompt, job.max_tokens)
+        return tokenizer.encode_ids(job.token_ids, job.truncate, job.prompt, hint)
+    return tokenizer.encode(job.texts, job.truncate, job.prompt, job.max_tokens, field, hint)
 
 
 def concat(first: EncodedTexts, second: EncodedTexts) -> EncodedTexts:

@@ -84,7 +84,14 @@ async def cohere_embed(ingress: IngressPath, request: Request) -> Response:
     types = tuple(body.embedding_types or ("float",))
     check_embedding_types(types, lane.quantization)
     prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type)
-    job = TokenizeJob(body.texts, body.truncate == "END", prompt=prompt, max_tokens=body.max_tokens)
+    job = TokenizeJob(
+        body.texts,
+        body.truncate == "END",
+        prompt=prompt,
+        max_tokens=body.max_tokens,
+        field="texts",
+        truncate_hint='"truncate": "END"',
+    )
     options = ingress._options(
         request, route, "cohere_embed", dimensions=body.output_dimension, embedding_types=types
     )
@@ -114,7 +121,8 @@ async def rerank_tei(ingress: IngressPath, request: Request) -> Response:
     body = await ingress._body(request, TeiRerankRequest)
     route = ingress._route(body.model, "/rerank")
     docs = tuple(body.texts) if body.return_text else None
-    job = rerank_job(route.lane.task, route.lane.prompt_table, body.query, body.texts, body.truncate, None)
+    lane = route.lane
+    job = rerank_job(lane.task, lane.prompt_table, body.query, body.texts, body.truncate, None, "texts")
     rerank = RerankOptions(documents=docs, raw_scores=body.raw_scores)
     return await ingress._run(
         request, route, job, ingress._options(request, route, "rerank_tei", rerank=rerank)
@@ -127,7 +135,7 @@ async def embed_sparse(ingress: IngressPath, request: Request) -> Response:
     route = ingress._route(body.model, "/embed_sparse")
     lane = route.lane
     prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, prompt_name=body.prompt_name)
-    job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
+    job = TokenizeJob(body.texts, body.truncate, prompt=prompt, field="inputs")
     return await ingress._run(request, route, job, ingress._options(request, route, "embed_sparse"))
 
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.config import LimitsConfig
+from deployments.ingress.limits import lane_limits
 from deployments.pipeline.card import LaneCard, ModelCard, model_entries
 from preprocess.errors import ModelNotFoundError, NotReadyError
 
@@ -73,11 +75,17 @@ class ModelRouter:
     def _served(self) -> str:
         return ", ".join(repr(m) for m in self.models)
 
-    def entries(self) -> list[dict[str, Any]]:
-        """``GET /v1/models``: every model whose card is known, by name and by ``name:version``."""
+    def entries(self, limits: LimitsConfig) -> list[dict[str, Any]]:
+        """``GET /v1/models``: every model whose card is known, by name and by ``name:version``, each with
+        the ``limits`` its version is served under (``limits``: the router's own)."""
         out: list[dict[str, Any]] = []
         for name in self.models:
             card = self.cards.get(name)
-            if card is not None:
-                out.extend(model_entries(card, default=name == self.default))
+            if card is None:
+                continue
+            for entry in model_entries(card, default=name == self.default):
+                lane = card.lane(entry["version"])
+                assert lane is not None  # every entry is one of the card's lanes
+                entry["limits"] = lane_limits(lane, limits)
+                out.append(entry)
         return out

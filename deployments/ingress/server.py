@@ -30,6 +30,7 @@ from deployments.ingress.errors import (
     status_of,
 )
 from deployments.ingress.fallback import DEGRADED_HEADER, FallbackCache, cache_key
+from deployments.ingress.limits import check_job_size
 from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.link.client import LinkClient
@@ -38,6 +39,7 @@ from deployments.observability.metrics import model_call, tenant_input_tokens
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
+from deployments.pipeline.transport import carrying_any_size
 from deployments.user_config import IngressConfig
 from postprocess.contracts import ResponseOptions, SerializedResponse
 from postprocess.contracts import Route as RouteName
@@ -48,7 +50,6 @@ from preprocess.errors import (
     InvalidRequestError,
     NotReadyError,
     OverloadedError,
-    PayloadTooLargeError,
     ServiceError,
     UnsupportedTaskError,
 )
@@ -56,9 +57,9 @@ from preprocess.generation import ChatCompletionRequest, CompletionRequest
 from preprocess.parsing import (
     TIMEOUT_HEADER,
     RequestT,
+    check_body_size,
     check_dimensions,
     check_embedding_types,
-    check_input_count,
     parse_body,
     request_timeout,
 )
@@ -85,9 +86,16 @@ log = logging.getLogger("textserve.ingress")
 
 
 # Above IngressConfig.max_in_flight, so the ingress itself answers 503 + Retry-After in our error format;
-# Serve's own queue (max_queued_requests) is the backstop behind it.
+# Serve's own queue (max_queued_requests) is the backstop behind it. Past that backstop Serve answers before
+# our code runs (the replica's own HTTP server behind HAProxy, or Serve's fallback proxy): 503 in text/plain,
+# "Request dropped due to backpressure", with Retry-After only if backpressure_config sets it (errors.py's
+# RETRY_AFTER_S; a literal: deployments.tools.check reads these options from the source).
 @serve.deployment(
-    name="Ingress", ray_actor_options={"num_cpus": 0.2}, max_ongoing_requests=1024, max_queued_requests=256
+    name="Ingress",
+    ray_actor_options={"num_cpus": 0.2},
+    max_ongoing_requests=1024,
+    max_queued_requests=256,
+    backpressure_config={"retry_after_s": 1},
 )
 @serve.ingress(api)
 class Ingress:
@@ -115,7 +123,9 @@ class Ingress:
         key = (app, deployment)
         handle = self._handles.get(key)
         if handle is None:
-            handle = self._handles[key] = serve.get_deployment_handle(deployment, app_name=app)
+            # Serve's handle carries a request and its answer whatever their size (pipeline/transport.py).
+            handle = serve.get_deployment_handle(deployment, app_name=app)
+            handle = self._handles[key] = carrying_any_size(handle, name=f"{app}/{deployment}")
         return handle
 
     async def _refresh_cards(self) -> None:
@@ -154,15 +164,13 @@ class Ingress:
         declared = request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
-                raise InvalidRequestError("Content-Length header is not a number")
-            if int(declared) > limit:
-                raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+                raise InvalidRequestError("Content-Length header is not a number", "content-length")
+            check_body_size(int(declared), limit)
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                raise PayloadTooLargeError(f"request body is over the limit of {limit} bytes")
+            check_body_size(size, limit)
             chunks.append(chunk)
         return b"".join(chunks)
 
@@ -178,10 +186,7 @@ class Ingress:
         self, request: Request, route: Route, job: TokenizeJob, options: ResponseOptions
     ) -> Response:
         """``job``: the request's inputs; its deadline, id and trace are set here."""
-        count = len(job.token_ids) if job.token_ids is not None else len(job.texts)
-        check_input_count(
-            count, self._limits.max_inputs_per_request, "input" if job.query is None else "documents"
-        )
+        check_job_size(job, self._limits)
         timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
         if self._in_flight >= self._config.max_in_flight:  # bounded: refuse early instead of queueing
             raise OverloadedError(f"over {self._config.max_in_flight} requests in flight; retry shortly")
@@ -348,14 +353,17 @@ class Ingress:
         body = await self._body(request, PredictRequest)
         route = self._route(body.model, "/predict")
         options = self._options(request, route, "predict")
-        return await self._run(request, route, TokenizeJob(body.inputs, body.truncate), options)
+        job = TokenizeJob(body.inputs, body.truncate, field="text" if body.text is not None else "texts")
+        return await self._run(request, route, job, options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:
         """Every served model by name (the default one marked), then each served version as
-        ``name:version``, with its task, dimension or labels, max tokens, role and traffic share."""
+        ``name:version``, with its task, dimension or labels, max tokens, role, traffic share and the
+        ``limits`` a client must respect (inputs per request, tokens per input, body bytes...)."""
         policy = admission().policy  # a tenant sees the models it may use
-        body = {"object": "list", "data": [e for e in self._router.entries() if policy.allows(e["id"])]}
+        entries = self._router.entries(self._limits)
+        body = {"object": "list", "data": [e for e in entries if policy.allows(e["id"])]}
         return Response(render(body, "application/json"), media_type="application/json")
 
     @api.get("/healthz")

@@ -45,6 +45,7 @@ class LaneCard:
     default_prompt: str | None = None
     matryoshka_dimensions: tuple[int, ...] | None = None
     quantization: bool = False  # calibrated int8/uint8 ranges in the manifest
+    max_new_tokens: int | None = None  # task generate: the largest max_tokens a request may ask
 
     @property
     def prompt_table(self) -> dict[str, str]:

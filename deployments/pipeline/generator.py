@@ -16,6 +16,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -80,7 +81,8 @@ class GeneratorDeployment:
 
     def card(self) -> ModelCard:
         manifest = self._model.manifest
-        return ModelCard(manifest.name, (LaneCard.of(manifest, "stable", 1.0),))
+        lane = replace(LaneCard.of(manifest, "stable", 1.0), max_new_tokens=self._config.max_tokens_cap)
+        return ModelCard(manifest.name, (lane,))
 
     async def ready(self) -> list[ModelIdentity]:
         self.check_health()

@@ -18,7 +18,8 @@ import numpy as np
 from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelIdentity, ModelOutput
+from postprocess.contracts import ModelIdentity, ModelOutput, SparseRows
+from postprocess.retrieval import SPARSE_THRESHOLD
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 
@@ -49,7 +50,8 @@ class OutputMaker:
         return ModelOutput(
             model=self.identity,
             task=self.task,
-            values=values,
+            # Sparse rows leave the replica sparse: dense, one SPLADE text is a vocabulary of floats.
+            values=SparseRows.of(values, SPARSE_THRESHOLD) if self.task == "sparse_embed" else values,
             token_count=encoded.token_count,
             labels=self.labels,
             truncated=encoded.truncated,

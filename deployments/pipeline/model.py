@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ray import serve
@@ -26,6 +26,7 @@ from deployments.pipeline.priority import Priority, PriorityPolicy
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
 from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
+from deployments.pipeline.transport import carrying_any_size
 from deployments.repository.manifest import ResolvedModel
 from deployments.user_config import PipelineConfig
 from postprocess.contracts import ModelIdentity, SerializedResponse
@@ -81,9 +82,18 @@ class ModelDeployment:
     ) -> None:
         """``versions``: stable first, then the candidate, if any. ``runtime``: the model's, for its local
         copy on a CPU (``pipeline/local_model.py``)."""
+        # Every stage call carries any group the router accepts (pipeline/transport.py).
+        versions = [
+            replace(
+                v,
+                tokenizer=carrying_any_size(v.tokenizer, name="Tokenizer"),
+                inference=carrying_any_size(v.inference, name="Inference"),
+            )
+            for v in versions
+        ]
         self._versions = {v.version: v for v in versions}
         self._order = [v.version for v in versions]
-        self._serializer = serializer
+        self._serializer = carrying_any_size(serializer, name="Serializer")
         tracing = setup_replica(observability)
         self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
         self._serialize = SerializeWork(tracing, [v.model for v in versions])
@@ -104,6 +114,8 @@ class ModelDeployment:
             MAX_GROUPS_IN_FLIGHT,
             priority_of=_priority,
             priorities=_priorities(_DEFAULTS),
+            cost_of=_inputs,
+            max_batch_cost=_DEFAULTS.max_group_inputs,
         )
         # The router's requests from this node come over a Unix socket (deployments/link/), the others
         # by Serve's handle; both end in run().
@@ -121,6 +133,7 @@ class ModelDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._config = PipelineConfig.model_validate(user_config)
         self._groups.max_batch_size = self._config.max_group_size
+        self._groups.max_batch_cost = self._config.max_group_inputs
         self._groups.wait_s = self._config.group_wait_timeout_s
         self._groups.scheduler.policy = _priorities(self._config)
 
@@ -246,6 +259,10 @@ class ModelDeployment:
 
 def _priority(job: PipelineJob) -> Priority:
     return job.priority
+
+
+def _inputs(job: PipelineJob) -> int:
+    return job.tokenize.inputs
 
 
 def _priorities(config: PipelineConfig) -> PriorityPolicy:

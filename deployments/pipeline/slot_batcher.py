@@ -57,11 +57,16 @@ class SlotBatcher(Generic[T, R]):
         size_fn: Callable[[list[T]], int] = len,
         priority_of: Callable[[T], Priority] = _interactive,
         priorities: PriorityPolicy | None = None,
+        cost_of: Callable[[T], int] | None = None,
+        max_batch_cost: int = 0,
     ) -> None:
         """``size_fn``: a batch's size against ``max_batch_size`` (default: items); a first item over the cap
-        still runs, alone. ``priorities``: default, bulk batches may take every slot but one."""
+        still runs, alone. ``cost_of``: an item's cost, a second cap on a batch (``max_batch_cost``, its sum)
+        beside its size. ``priorities``: default, bulk batches may take every slot but one."""
         self._handler = handler
         self._size = size_fn
+        self._cost_of = cost_of
+        self.max_batch_cost = max_batch_cost
         self._priority_of = priority_of
         self.max_batch_size = max_batch_size
         self.wait_s = wait_s
@@ -92,10 +97,10 @@ class SlotBatcher(Generic[T, R]):
             self._changed.clear()
             await self._changed.wait()
         self.scheduler.started(priority)  # now, before the window: the other slots see its cap taken
-        if self.wait_s > 0 and self._queued_size(priority) < self.max_batch_size:
+        if self.wait_s > 0 and not self._full(self._queued(priority)):
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self.wait_s
-            while self._queued_size(priority) < self.max_batch_size and (left := deadline - loop.time()) > 0:
+            while not self._full(self._queued(priority)) and (left := deadline - loop.time()) > 0:
                 self._changed.clear()
                 try:
                     await asyncio.wait_for(self._changed.wait(), left)
@@ -105,14 +110,28 @@ class SlotBatcher(Generic[T, R]):
         batch: list[_Waiting[T, R]] = []
         while self._live(priority):
             waiting = queue[0]  # _live dropped the cancelled ones ahead of it
-            if batch and self._size([w.item for w in [*batch, waiting]]) > self.max_batch_size:
+            if batch and self._over([w.item for w in [*batch, waiting]]):
                 break  # it starts the next batch
             batch.append(queue.popleft())
         return priority, batch
 
-    def _queued_size(self, priority: Priority) -> int:
-        items = [w.item for w in self._queues[priority] if not w.future.done()]
-        return self._size(items) if items else 0
+    def _queued(self, priority: Priority) -> list[T]:
+        return [w.item for w in self._queues[priority] if not w.future.done()]
+
+    def _cost(self, items: list[T]) -> int:
+        return sum(map(self._cost_of, items)) if self._cost_of is not None else 0
+
+    def _over(self, items: list[T]) -> bool:
+        return self._size(items) > self.max_batch_size or (
+            self._cost_of is not None and self._cost(items) > self.max_batch_cost
+        )
+
+    def _full(self, items: list[T]) -> bool:
+        if not items:
+            return False
+        return self._size(items) >= self.max_batch_size or (
+            self._cost_of is not None and self._cost(items) >= self.max_batch_cost
+        )
 
     def _live(self, priority: Priority) -> bool:
         queue = self._queues[priority]

@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -188,7 +189,10 @@ def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
     )
     torch.manual_seed(spec.seed)
     classes = {"embed": BertModel, "sparse_embed": BertForMaskedLM}
-    classes.get(spec.task, BertForSequenceClassification)(config).eval().save_pretrained(target)
+    model = classes.get(spec.task, BertForSequenceClassification)(config).eval()
+    if spec.task == "sparse_embed":
+        _as_sparse_as_trained(model, Tokenizer.from_file(str(target / "tokenizer.json")))
+    model.save_pretrained(target)
     if spec.task == "embed":  # sentence-transformers layout: the weight check reads pooling from it
         _write_json(target / "sentence_bert_config.json", {"max_seq_length": spec.max_tokens})
         pooling = {"word_embedding_dimension": spec.hidden, "pooling_mode_mean_tokens": True}
@@ -202,6 +206,23 @@ def _write_weights(spec: DemoSpec, target: Path, tokenizer_dir: Path) -> None:
             "similarity_fn_name": "cosine",
         }
         _write_json(target / "config_sentence_transformers.json", st_config)
+
+
+# A trained SPLADE head keeps a few hundred of the vocabulary's weights above zero per text; a random one
+# keeps nearly all (30,000 a text: answers of megabytes, unlike any real model's). Its bias is shifted so
+# that this share of a token's logits stays above zero: about 100-300 weights per text after max-pooling.
+SPARSE_TOKEN_SHARE = 0.0005
+_SAMPLE = "Sparse retrieval models weigh a few vocabulary terms per text, and most of the rest are zero."
+
+
+def _as_sparse_as_trained(model: Any, tokenizer: Tokenizer) -> None:
+    import torch
+
+    ids = torch.tensor([tokenizer.encode(_SAMPLE).ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.flatten()
+        shift = torch.quantile(logits, 1.0 - SPARSE_TOKEN_SHARE)
+        model.cls.predictions.bias -= shift  # the decoder's bias: the same parameter
 
 
 def _write_manifest(spec: DemoSpec, target: Path) -> None:

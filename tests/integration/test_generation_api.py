@@ -246,6 +246,9 @@ def test_models_lists_the_generate_task_and_its_routes(gen_url: str) -> None:
     entry = listed[GPT2]
     assert entry["task"] == "generate" and entry["max_tokens"] == 512
     assert entry["routes"] == ["/v1/completions", "/v1/chat/completions"]
+    limits = entry["limits"]
+    assert limits["max_context_tokens"] == 512 and limits["truncation"] == "none"
+    assert limits["max_new_tokens"] == LIMITS["max_tokens_cap"]  # the app's generation setting
 
 
 def test_generation_metrics_reach_prometheus(client: OpenAI) -> None:

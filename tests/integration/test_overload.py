@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+import os
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+
+from deployments.ingress.haproxy_errors import ERROR_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -61,3 +67,54 @@ def test_degraded_answer_from_recent_results_when_the_model_path_is_late(http):
         "/v1/embeddings", json={"input": "never seen"}, headers={"X-Request-Timeout": "0.001"}
     )
     assert never_seen.status_code == 504
+
+
+def _haproxy_file(harness, variable: str) -> Path:
+    """The session HAProxy's file that a RAY_SERVE_HAPROXY_* path variable names: Ray puts it in a directory
+    of the node's id beside the name."""
+    import ray
+    from ray.serve._private import constants
+
+    env = harness.base_config["controller_options"]["runtime_env"]["env_vars"]
+    directory, name = os.path.split(env.get(variable, getattr(constants, variable)))
+    return Path(directory) / ray.get_runtime_context().get_node_id() / name
+
+
+def _admin(socket_path: Path, command: str) -> str:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(socket_path))
+        s.sendall(command.encode() + b"\n")
+        return b"".join(iter(lambda: s.recv(65536), b"")).decode()
+
+
+def test_with_no_ingress_replica_haproxy_answers_the_service_503(serve_harness, http):
+    """HAProxy's own answer when no server of the router's backend can take a request (the ingress replica and
+    Ray's fallback proxy both down: here put in maintenance through HAProxy's admin socket, for a moment):
+    the service's JSON 503 + Retry-After, not Ray's text/plain 500 (deployments/ingress/haproxy/haproxy)."""
+    config = _haproxy_file(serve_harness, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC").read_text()
+    backend = "http-textserve"  # the router's application, at "/"
+    section = itertools.takewhile(
+        lambda line: line.startswith(" "), config.split(f"backend {backend}\n", 1)[1].splitlines()
+    )
+    servers = [line.split()[1] for line in section if line.split()[:1] == ["server"]]
+    assert servers, config
+    admin = _haproxy_file(serve_harness, "RAY_SERVE_HAPROXY_SOCKET_PATH")
+    try:
+        for server in servers:
+            _admin(admin, f"set server {backend}/{server} state maint")
+        resp = http.post("/v1/embeddings", json={"input": "nobody to take it"})
+    finally:
+        for server in servers:
+            _admin(admin, f"set server {backend}/{server} state ready")
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["content-type"] == "application/json"
+    assert resp.headers["retry-after"] == "1"
+    assert resp.json()["error"] == {  # HAProxy's file, not an answer of the ingress
+        "message": ERROR_FILES["503.http"].message,
+        "type": "service_unavailable",
+        "code": "unavailable",
+    }
+    deadline = time.monotonic() + 30  # the servers pass their health checks again
+    while http.post("/v1/embeddings", json={"input": "back"}).status_code != 200:
+        assert time.monotonic() < deadline, "the router's servers did not come back"
+        time.sleep(0.25)

@@ -5,6 +5,7 @@ checked against sentence-transformers."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from transformers import AutoTokenizer
 from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.repository.manifest import load_manifest
 from tests.integration.conftest import DEFAULT_MODEL, ROOT, ServeHarness, app_named, model_app, router_app
+from tests.integration.matrix import BULK_CLIENTS, LARGEST, fire, passes, rerank_body, rows, texts
 
 pytestmark = pytest.mark.integration
 
@@ -210,3 +212,18 @@ def _model_dir(harness: ServeHarness, name: str) -> Path:
     details = _get_global_client().get_serve_details()["applications"][name]
     repository = details["deployed_app_config"]["args"]["model"]["repository"]
     return Path(repository) / name / VERSION
+
+
+# The traffic matrix's cases for the demo models (tests/integration/test_traffic_matrix.py has the rest):
+# the largest request from BULK_CLIENTS clients at once, only answers within the promise.
+def test_sparse_embeddings_at_the_largest_request_from_many_clients(demos):
+    splade = SPECS["sparse_embed"].name
+    body = lambda: {"model": splade, "inputs": texts(LARGEST, max_words=20)}  # noqa: E731
+    outcome = asyncio.run(fire(f"{demos}/embed_sparse", body, BULK_CLIENTS, check=rows("", LARGEST)))
+    passes(outcome, BULK_CLIENTS)
+
+
+def test_cross_encoder_rerank_of_the_most_documents_from_many_clients(demos):
+    body = lambda: rerank_body(LARGEST) | {"model": SPECS["rerank"].name}  # noqa: E731
+    outcome = asyncio.run(fire(f"{demos}/v2/rerank", body, BULK_CLIENTS, check=rows("results", 10)))
+    passes(outcome, BULK_CLIENTS)

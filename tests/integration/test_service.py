@@ -35,6 +35,13 @@ def test_models_listing(http):
             256,
             "stable",
         )
+        assert e["limits"] == {
+            "max_inputs_per_request": 256,
+            "max_tokens_per_input": 256,
+            "max_request_bytes": 2 * 1024 * 1024,
+            "max_documents_per_rerank": 256,
+            "truncation": "on_request",
+        }
 
 
 def test_openapi_documents_request_bodies(http):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import orjson
 import pytest
 
-from postprocess.contracts import ModelIdentity, ModelOutput, RerankOptions, ResponseOptions
+from postprocess.contracts import ModelIdentity, ModelOutput, RerankOptions, ResponseOptions, SparseRows
 from postprocess.render import serialize
 from postprocess.retrieval import ranked, rerank_scores, sparse_payload
 from preprocess.errors import InvalidRequestError, UnsupportedTaskError
@@ -90,3 +92,22 @@ def test_sparse_keeps_weights_above_the_threshold():
     assert rows == [[{"index": 1, "value": 1.5}, {"index": 3, "value": 0.25}], []]
     with pytest.raises(UnsupportedTaskError):
         sparse_payload(ModelOutput(ID, "embed", values, 5), 6)
+
+
+def test_sparse_rows_travel_as_csr_and_render_as_the_dense_rows():
+    rng = np.random.default_rng(0)
+    dense = np.where(rng.random((5, 300)) > 0.97, rng.random((5, 300)), 0.0).astype(np.float32)
+    dense[2] = 0.0  # a row with no weight at all
+    rows = SparseRows.of(dense)
+    assert rows.shape == (5, 300) and len(rows) == 5 and rows.size == np.count_nonzero(dense)
+    np.testing.assert_array_equal(rows.dense(), dense)
+    columns, weights = rows.row(2)
+    assert columns.size == 0 and weights.size == 0
+    want = sparse_payload(ModelOutput(ID, "sparse_embed", dense, 5), 6)
+    assert sparse_payload(ModelOutput(ID, "sparse_embed", rows, 5), 6) == want
+    assert [len(r) for r in want] == [int(np.count_nonzero(d)) for d in dense]
+    # A pickled copy (what a hop between replicas carries) of SPLADE-like rows (BERT's vocabulary, a few
+    # hundred non-zeros each) is a small fraction of the dense bytes.
+    wide = np.zeros((4, 30522), np.float32)
+    wide[:, rng.choice(30522, 300, replace=False)] = 1.0
+    assert len(pickle.dumps(SparseRows.of(wide))) * 20 < len(pickle.dumps(wide))

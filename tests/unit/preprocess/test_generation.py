@@ -206,6 +206,7 @@ def test_default_max_tokens_clipped_to_room():
 def test_max_tokens_over_cap():
     err = rejected(lambda: generation_params(completion(max_tokens=1025), prompt_tokens=5, **LIMITS))
     assert err.param == "max_tokens" and "1024" in err.message
+    assert err.message == "max_tokens: at most 1024 new tokens per request (max_new_tokens), got 1025"
     ok = generation_params(completion(max_tokens=1024), prompt_tokens=5, **LIMITS)
     assert ok.max_new_tokens == 1024
 
@@ -216,6 +217,7 @@ def test_max_tokens_over_context_is_400_like_vllm():
     assert not isinstance(err, InputTooLongError)
     assert err.param == "max_completion_tokens"
     assert all(str(n) in err.message for n in (1990, 100, 2048, 58))
+    assert "context of 2048 tokens (max_context_tokens)" in err.message
     assert generation_params(req, prompt_tokens=1948, **LIMITS).max_new_tokens == 100
 
 
@@ -223,6 +225,7 @@ def test_prompt_filling_the_context():
     with pytest.raises(InputTooLongError) as info:
         generation_params(chat(), prompt_tokens=2048, **LIMITS)
     assert info.value.param == "messages" and "2048" in info.value.message
+    assert "context of 2048 tokens (max_context_tokens)" in info.value.message
     with pytest.raises(InputTooLongError) as info:
         generation_params(completion(max_tokens=1), prompt_tokens=3000, **LIMITS)
     assert info.value.param == "prompt"

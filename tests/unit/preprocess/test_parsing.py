@@ -8,11 +8,14 @@ from preprocess.errors import (
     InvalidJSONError,
     InvalidRequestError,
     ModelNotFoundError,
+    PayloadTooLargeError,
     ServiceError,
     TooManyInputsError,
     UnsupportedMediaTypeError,
 )
+from preprocess.limits import MAX_DOCUMENTS
 from preprocess.parsing import (
+    check_body_size,
     check_content_type,
     check_dimensions,
     check_embedding_types,
@@ -247,8 +250,26 @@ def test_check_input_count():
     with pytest.raises(TooManyInputsError) as info:
         check_input_count(4, 3)
     assert info.value.param == "input"
-    assert "4 given" in info.value.message
-    assert "at most 3" in info.value.message
+    assert info.value.message == (
+        "too many inputs in 'input': 4 given, over the limit of 3 per request (max_inputs_per_request)"
+    )
+
+
+def test_too_many_documents_names_the_field_and_the_rerank_limit():
+    check_input_count(3, 3, "texts", MAX_DOCUMENTS)
+    with pytest.raises(TooManyInputsError) as info:
+        check_input_count(1001, 1000, "texts", MAX_DOCUMENTS)
+    assert info.value.param == "texts" and info.value.code == "too_many_inputs"
+    assert "too many documents in 'texts': 1001 given" in info.value.message
+    assert "limit of 1000 per request (max_documents_per_rerank)" in info.value.message
+
+
+def test_a_body_over_the_byte_limit_names_the_limit():
+    check_body_size(2048, 2048)
+    with pytest.raises(PayloadTooLargeError) as info:
+        check_body_size(2049, 2048)
+    assert info.value.code == "payload_too_large" and info.value.param is None
+    assert info.value.message == "request body is over the limit of 2048 bytes (max_request_bytes)"
 
 
 @pytest.mark.parametrize(

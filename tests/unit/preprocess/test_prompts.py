@@ -59,3 +59,9 @@ def test_rerank_jobs_take_role_prompts_on_embedding_models_only():
     )
     cross = rerank_job("rerank", PROMPTS, "q", ["d"], False, None)
     assert (cross.query_prompt, cross.prompt, cross.truncate) == ("", "", False)
+
+
+@pytest.mark.parametrize("task", ["embed", "rerank"])
+def test_rerank_jobs_name_the_field_their_documents_came_in(task):
+    assert rerank_job(task, PROMPTS, "q", ["d"], True, None).field == "documents"  # Cohere / Jina
+    assert rerank_job(task, PROMPTS, "q", ["d"], False, None, "texts").field == "texts"  # TEI

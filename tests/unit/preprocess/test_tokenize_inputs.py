@@ -63,8 +63,10 @@ def test_a_request_limit_cuts_or_refuses_each_text(tok):
     encoded = tok.encode(["a b c d e f g", "a b"], truncate=True, max_tokens=3)
     assert _rows(encoded) == [[CLS, 1037, 1038, 1039, SEP], [CLS, 1037, 1038, SEP]]
     assert encoded.truncated == 1
-    with pytest.raises(InputTooLongError, match="the request's limit of 5 tokens"):
+    with pytest.raises(InputTooLongError, match="is over the request's max_tokens of 3 tokens;"):
         tok.encode(["a b c d e f g"], max_tokens=3)
+    with pytest.raises(InputTooLongError, match="the model's limit of 256 tokens per input"):
+        tok.encode([" ".join(["word"] * 300)], max_tokens=1000)  # the model's limit is the lower one
 
 
 def test_pairs_match_hugging_face_and_cut_only_the_document(tok, hf):
@@ -109,3 +111,61 @@ def test_details_give_offsets_into_prompt_and_text(tok):
 def test_the_separator_is_read_from_the_tokenizer():
     assert sep_token_id(TOKENIZER_FILE) == SEP
     assert np.int32(sep_token_id(TOKENIZER_FILE)) == SEP
+
+
+# --- refusals name the body's field, the limit and its value, and how the route asks to truncate ----------
+
+LONG = " ".join(["word"] * 300)  # 302 tokens with [CLS]/[SEP]: over MiniLM's 256
+
+
+def _refusal(job: TokenizeJob, tok, pairs: bool = False) -> InputTooLongError:
+    with pytest.raises(InputTooLongError) as info:
+        encode_job(tok, job, pairs)
+    assert info.value.code == "input_too_long"
+    return info.value
+
+
+def test_an_input_over_the_model_limit_names_it_its_value_and_the_truncate_field(tok):
+    err = _refusal(TokenizeJob(["fine", LONG]), tok)
+    assert err.param == "input[1]"
+    assert err.message == (
+        "input[1] is over the model's limit of 256 tokens per input (max_tokens_per_input, special tokens "
+        'and prompt included); shorten it or send "truncate": true'
+    )
+
+
+@pytest.mark.parametrize(
+    ("job", "param", "hint"),
+    [
+        (TokenizeJob(["a", LONG], field="texts", truncate_hint='"truncate": "END"'), "texts[1]", '"END"'),
+        (TokenizeJob([LONG], field="inputs"), "inputs", '"truncate": true'),  # TEI's /embed_sparse
+        (TokenizeJob(["a", LONG], field="texts"), "texts[1]", '"truncate": true'),  # /predict
+        (TokenizeJob(["a", LONG], query="q", field="texts"), "texts[1]", '"truncate": true'),  # TEI rerank
+        (TokenizeJob([], token_ids=[[1037] * 300]), "input", '"truncate": true'),  # token ids
+    ],
+)
+def test_each_route_gets_its_own_field_and_truncate_hint(tok, job, param, hint):
+    err = _refusal(job, tok)
+    assert err.param == param and err.message.startswith(f"{param} is over ")
+    assert "256" in err.message and "max_tokens_per_input" in err.message
+    assert err.message.endswith(hint)
+
+
+def test_a_cross_encoder_document_names_the_pair_limit(tok):
+    err = _refusal(TokenizeJob(["doc", LONG], query="what", field="texts"), tok, pairs=True)
+    assert err.param == "texts[1]"
+    assert "limit of 256 tokens per input (max_tokens_per_input, query, document and special" in err.message
+    assert err.message.endswith('send "truncate": true')
+
+
+def test_a_query_is_never_truncated_so_its_refusal_does_not_offer_it(tok):
+    for pairs in (False, True):
+        err = _refusal(TokenizeJob(["doc"], True, query=LONG), tok, pairs)
+        assert err.param == "query" and "256" in err.message and "max_tokens_per_input" in err.message
+        assert err.message.endswith("shorten it") and "truncate" not in err.message
+
+
+def test_a_document_over_the_request_limit_names_max_tokens_per_doc(tok):
+    job = TokenizeJob(["a b c d e f g"], query="q", max_tokens=3)
+    assert "the request's max_tokens_per_doc of 3 tokens" in _refusal(job, tok).message
+    assert "the request's max_tokens_per_doc of 3 tokens" in _refusal(job, tok, pairs=True).message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from deployments.config import LimitsConfig
 from deployments.ingress.routing import ModelRouter
 from deployments.pipeline.card import LaneCard, ModelCard, Role, model_entries
 from preprocess.errors import ModelNotFoundError, NotReadyError
@@ -69,7 +70,7 @@ def test_a_model_whose_card_is_not_read_yet_is_not_ready():
     assert router.route("a").model == "a"
     with pytest.raises(NotReadyError, match="'b'"):
         router.route("b")
-    assert [e["id"] for e in router.entries()] == ["a", "a:1"]
+    assert [e["id"] for e in router.entries(LimitsConfig())] == ["a", "a:1"]
 
 
 def test_a_new_card_replaces_the_old_one():
@@ -88,7 +89,7 @@ def test_router_refuses_a_default_it_does_not_serve_and_foreign_cards():
 
 
 def test_listing_has_every_model_by_name_then_by_version_with_the_default_marked():
-    entries = _router().entries()
+    entries = _router().entries(LimitsConfig())
     assert [(e["id"], e["role"], e["traffic_share"], e["default"]) for e in entries] == [
         ("embedder", "stable", 0.75, True),
         ("embedder:1", "stable", 0.75, True),
@@ -101,6 +102,8 @@ def test_listing_has_every_model_by_name_then_by_version_with_the_default_marked
     assert "labels" not in embed
     assert (classify["task"], classify["labels"]) == ("classify", ["neg", "pos"])
     assert "dimension" not in classify
+    assert embed["limits"]["max_documents_per_rerank"] == 256  # embedding models rerank too
+    assert "max_documents_per_rerank" not in classify["limits"]  # a classifier does not
 
 
 def test_card_lanes_name_their_deployments_by_role():

@@ -6,9 +6,9 @@ import numpy as np
 
 from deployments.ingress.errors import status_of
 from deployments.pipeline.batching import BatchLimits
-from deployments.pipeline.group_runner import run_groups
+from deployments.pipeline.group_runner import OutputMaker, run_groups
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelIdentity, ModelOutput
+from postprocess.contracts import ModelIdentity, ModelOutput, SparseRows
 from preprocess.contracts import EncodedTexts
 from preprocess.errors import InputTooLongError, ModelExecutionError, UnavailableError
 
@@ -104,3 +104,14 @@ def test_expired_requests_are_dropped_before_the_model(default_model):
     assert isinstance(dropped, DeadlineExceededError) and dropped.code == "deadline_exceeded"
     assert answered.values[:, 0].tolist() == [31.0]
     assert runner.batches == 1 and run.isolated_failures == 0
+
+
+def test_a_sparse_model_answers_in_sparse_rows():
+    make = OutputMaker(ModelIdentity("splade", "1"), "sparse_embed", ())
+    dense = np.zeros((2, 1000), np.float32)
+    dense[0, [3, 500]] = [0.5, 2.0]
+    output = make(_request(1, 2), dense)
+    assert isinstance(output.values, SparseRows) and output.values.size == 2
+    np.testing.assert_array_equal(output.values.dense(), dense)
+    embed = OutputMaker(ModelIdentity("m", "1"), "embed", ())(_request(1, 2), dense)
+    assert isinstance(embed.values, np.ndarray)  # dense models keep their rows as they are

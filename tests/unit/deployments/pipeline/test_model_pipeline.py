@@ -19,7 +19,7 @@ from deployments.pipeline.batching import BatchLimits
 from deployments.pipeline.group_runner import OutputMaker, run_groups
 from deployments.pipeline.local_model import LocalModels
 from deployments.pipeline.model import ModelDeployment, ServedVersion
-from deployments.pipeline.request_group import PipelineJob
+from deployments.pipeline.request_group import ModelRequest, PipelineJob
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.backends import create_runner
@@ -135,6 +135,36 @@ def test_a_large_interactive_group_stays_here_while_bulk_work_holds_the_stages(p
     deployment._groups.scheduler.finished("batch", 1.0)
     run("interactive")  # no bulk work now: the stages' batching is the better place for it
     assert (tokenizer.encode.calls, serializer.serialize.calls) == (2, 2)
+
+
+def test_a_group_holds_at_most_max_group_inputs_and_a_larger_request_runs_alone(pipeline) -> None:
+    """Bulk requests group by their inputs too, so that no call between replicas carries more than the cap
+    (and a huge group does not hold its first request until the last one is done)."""
+    deployment, tokenizer, _ = pipeline
+    deployment.reconfigure({"max_group_inputs": 300, "inline_chars": 0})
+    sizes = [200, 100, 50, 400, 3, 3]
+    seen: list[int] = []
+    encode = tokenizer.encode.fn
+
+    def counting(jobs: list[TokenizeJob]) -> list[Any]:
+        seen.append(sum(j.inputs for j in jobs))
+        return encode(jobs)
+
+    tokenizer.encode.fn = counting
+
+    async def scenario() -> list[SerializedResponse | ServiceError]:
+        options = ResponseOptions(route="embeddings")
+        requests = [ModelRequest(TokenizeJob([f"text {i}"] * n), options, "1") for i, n in enumerate(sizes)]
+        return await asyncio.gather(*(deployment.run(r) for r in requests))
+
+    try:
+        answers = asyncio.run(scenario())
+    finally:
+        deployment.reconfigure({})
+    counts = [len(orjson.loads(a.body)["data"]) for a in answers]  # type: ignore[union-attr]
+    assert counts == sizes
+    assert max(seen) == 400 and all(n <= 300 for n in seen if n != 400)
+    assert sum(seen) == sum(sizes)
 
 
 def test_inline_chars_zero_sends_every_group_to_the_stages(pipeline) -> None:

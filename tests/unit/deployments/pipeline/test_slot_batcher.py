@@ -68,6 +68,30 @@ def test_the_cap_and_the_size_function_bound_a_batch_and_an_oversized_item_runs_
     assert _run(scenario()) == [2, 1, 1, 1]  # 4+4, then 4 (4+30 > 10), then 30 alone, then 1
 
 
+def test_a_cost_cap_bounds_a_batch_beside_its_count_and_an_item_over_it_runs_alone():
+    async def scenario() -> list[list[int]]:
+        gate = asyncio.Event()
+        batches: list[list[int]] = []
+
+        async def handler(items: list[int]) -> list[int]:
+            batches.append(items)
+            await gate.wait()
+            return items
+
+        # Items are their own cost (texts in a request): at most 3 per batch and at most 512 texts.
+        batcher: SlotBatcher[int, int] = SlotBatcher(
+            handler, max_batch_size=3, cost_of=lambda n: n, max_batch_cost=512
+        )
+        sizes = (256, 256, 256, 1, 1, 1, 1, 600, 32)
+        futures = [asyncio.ensure_future(batcher.submit(n)) for n in sizes]
+        await asyncio.sleep(0.01)
+        gate.set()
+        assert [await f for f in futures] == list(sizes)
+        return batches
+
+    assert _run(scenario()) == [[256, 256], [256, 1, 1], [1, 1], [600], [32]]
+
+
 @pytest.mark.parametrize(
     ("raised", "expected", "match"),
     [

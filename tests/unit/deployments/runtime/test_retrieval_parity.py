@@ -15,6 +15,7 @@ from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from postprocess.contracts import SparseRows
 from postprocess.retrieval import rerank_scores
 from preprocess.prompts import rerank_job
 from preprocess.tokenize import TextTokenizer, encode_job
@@ -104,10 +105,11 @@ def test_splade_weights_equal_sparse_encoder(repo: Path):
 
     model = _model(repo, "sparse_embed")
     got = _outputs(model, TokenizeJob(DOCS)).values
+    assert isinstance(got, SparseRows)  # the form it leaves the inference replica in
     mlm = MLMTransformer(str(model.weights_dir), max_seq_length=model.manifest.input.max_tokens)
     reference = SparseEncoder(modules=[mlm, SpladePooling("max")], device="cpu")
     want = reference.encode(DOCS, convert_to_tensor=True).to_dense().numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(got.dense(), want, atol=1e-4, rtol=1e-4)
     assert (want > 0).sum() > 0
 
 
