@@ -18,6 +18,14 @@ OPEN_LOOP_RATES, OPEN_LOOP_RATES_QUICK = [10, 20, 30, 40, 60], [10, 30]  # W3's 
 # From 150-300 (15 s at 10-20 req/s) a p99 is the 2nd-4th slowest answer, and the same system's p99 swung
 # 0.7-1.4x between rounds (docs/architecture.md, "A p99 needs arrivals"); from 1000 it is the 10th.
 OPEN_LOOP_REQUESTS = 1000
+# W4 (bench/mixed.py): requests of 1-4, 32 or 256 texts, 15.1 on average, so 2 req/s offer about 30 texts/s:
+# about half of what Infinity's ONNX engine answers on 32-text requests on 2 cores (55-85 texts/s in the runs
+# of docs/benchmarks.md; at 3 req/s, 54 texts/s drawn, it fell behind in a first try, with other load on the
+# machine), a sixth or less of the service's (180-410). From 500 arrivals (250 s at 2 req/s) the 1-4-text
+# requests' p99 is about their 4th slowest answer.
+MIXED_RATE, MIXED_REQUESTS, MIXED_P99_MS = 2.0, 500, 10_000.0
+WORKLOADS = ("W1", "W2", "W3", "W4")
+WORKLOAD_ALIASES = {"single": "W1", "batch": "W2", "open": "W3", "mixed": "W4"}
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
 INFINITY_LABELS = tuple(c.label for c in infinity.CONFIGS)
 SYSTEM_CHOICES = ("naive-fastapi", *INFINITY_LABELS)
@@ -62,6 +70,11 @@ class Options:
     open_loop_p99_ms: float = 500.0  # run only: a rate is sustained only with p99 within this
     open_loop_requests: int = 0  # run only: arrivals measured per rate, at least (the window grows to fit)
     infinity_configs: list[str] = field(default_factory=list)  # which of infinity.CONFIGS run (empty: all)
+    mixed_rate: float = 0.0  # run only: W4's offered req/s (0: no W4)
+    mixed_requests: int = 0  # run only: W4's arrivals measured, at least (the window grows to fit)
+    mixed_p99_ms: float = (
+        MIXED_P99_MS  # run only: W4 is sustained only with the p99 of all requests within this
+    )
     # ramp only
     system: str = ""
     texts_per_request: int = 1
@@ -94,6 +107,24 @@ def _infinity_configs(text: str) -> list[str]:
     if not labels or unknown:
         raise argparse.ArgumentTypeError(f"expected some of {', '.join(INFINITY_LABELS)}, got {text!r}")
     return labels
+
+
+def _workloads(text: str) -> list[str]:
+    names = [WORKLOAD_ALIASES.get(v.strip().lower(), v.strip().upper()) for v in text.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if not names or unknown:
+        aliases = ", ".join(f"{k} = {v}" for k, v in WORKLOAD_ALIASES.items())
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(WORKLOADS)} ({aliases}), got {text!r}")
+    return names
+
+
+def _rate(text: str) -> float:
+    from bench.mixed import MAX_RATE
+
+    value = float(text)
+    if not 0 < value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(f"must be within (0, {MAX_RATE:g}] req/s, got {text}")
+    return value
 
 
 def inprocess_spec(text: str) -> tuple[str, Path]:
@@ -215,6 +246,34 @@ def build_parser() -> argparse.ArgumentParser:
         f"needed (default {OPEN_LOOP_REQUESTS}; --quick: 0, the window alone)",
     )
     run.add_argument(
+        "--workloads",
+        type=_workloads,
+        default=None,
+        metavar="W[,W...]",
+        help="measure only these workloads: W1, W2, W3, W4 (aliases single, batch, open, mixed); default all",
+    )
+    run.add_argument(
+        "--mixed-rate",
+        type=_rate,
+        default=MIXED_RATE,
+        help=f"W4: req/s offered, Poisson arrivals of 1-4, 32 or 256 texts (default {MIXED_RATE:g}, "
+        "about 30 texts/s)",
+    )
+    run.add_argument(
+        "--mixed-requests",
+        type=int,
+        default=None,
+        help=f"W4: measure at least this many arrivals, the window longer than --duration where needed "
+        f"(default {MIXED_REQUESTS}; --quick: 0; the window is at most 900 s)",
+    )
+    run.add_argument(
+        "--mixed-p99-ms",
+        type=float,
+        default=MIXED_P99_MS,
+        help=f"W4: sustained needs the p99 of all its requests <= this (default {MIXED_P99_MS:g})",
+    )
+    run.add_argument("--no-mixed", action="store_true", help="skip the mixed-size open-loop workload W4")
+    run.add_argument(
         "--rounds",
         type=_positive,
         default=1,
@@ -305,6 +364,13 @@ def parse(argv: Sequence[str] | None = None) -> Options:
         opts.open_loop_p99_ms = ns.open_loop_p99_ms
         default_requests = 0 if ns.quick else OPEN_LOOP_REQUESTS
         opts.open_loop_requests = default_requests if ns.open_loop_requests is None else ns.open_loop_requests
+    if is_run and not ns.no_mixed:
+        opts.mixed_rate = ns.mixed_rate
+        opts.mixed_p99_ms = ns.mixed_p99_ms
+        default_requests = 0 if ns.quick else MIXED_REQUESTS
+        opts.mixed_requests = default_requests if ns.mixed_requests is None else ns.mixed_requests
+    if is_run and ns.workloads is not None:
+        only_some(opts, ns.workloads)
     if not is_run:
         opts.system = ns.system
         opts.texts_per_request = ns.texts_per_request
@@ -320,6 +386,18 @@ def parse(argv: Sequence[str] | None = None) -> Options:
             raise SystemExit(f"error: --system {opts.system!r} is none of {sorted(known)}")
         opts.with_infinity = opts.with_infinity or opts.system.startswith("infinity-")
     return opts
+
+
+def only_some(opts: Options, workloads: Sequence[str]) -> None:
+    """Leave out of ``opts`` every workload not in ``workloads`` (``--workloads``)."""
+    if "W1" not in workloads:
+        opts.w1_concurrency = []
+    if "W2" not in workloads:
+        opts.w2_concurrency = []
+    if "W3" not in workloads:
+        opts.open_loop_rates = []
+    if "W4" not in workloads:
+        opts.mixed_rate = 0.0
 
 
 def _print_corpus() -> int:

@@ -66,6 +66,7 @@ class Arrival:
     sent: float | None = None  # None: not sent (the in-flight bound was reached)
     done: float | None = None  # None: unanswered by the drain deadline (or not sent)
     ok: bool = False
+    problem: str = ""  # why it failed, as ``send`` said (``HTTP 503: ...``); empty when ok or unanswered
 
 
 @dataclass
@@ -90,6 +91,7 @@ async def drive(
     async def one(i: int) -> None:
         ok, problem = await send(i)
         out.arrivals[i].done, out.arrivals[i].ok = time.monotonic() - start, ok
+        out.arrivals[i].problem = problem
         if problem and len(out.problems) < 5:
             out.problems.append(problem)
 
@@ -211,6 +213,31 @@ def drain_s(timing: Timing) -> float:
     return min(timing.request_timeout_s, max(2.0, timing.duration_s))
 
 
+def run_schedule(
+    target: Target,
+    requests: Requests,
+    schedule: list[float],
+    picks: list[int],
+    timing: Timing,
+    server_session: int | None = None,
+) -> tuple[Drive, float, float | None]:
+    """Send ``requests.bodies[picks[i]]`` at ``schedule[i]`` over HTTP (``drive``); returns the arrivals,
+    the client's CPU use (share of one core) and the CPU anything else used in the measured window
+    (share of all CPUs; None: unknown). Cancelled requests are given time to drain from the server."""
+    start = time.monotonic()
+    window = (start + timing.warmup_s, start + timing.warmup_s + timing.duration_s)
+    other: list[float | None] = []
+    probe = threading.Thread(
+        target=_probe_window, args=(OtherLoadProbe(server_session), *window, other), daemon=True
+    )
+    probe.start()
+    result, cpu = asyncio.run(_http_drive(target, requests, schedule, picks, timing))
+    probe.join(timeout=5.0)
+    if any(a.sent is not None and a.done is None for a in result.arrivals):
+        time.sleep(drain_s(timing))  # cancelled requests may still be queued in the server: let it drain
+    return result, cpu, (None if not other or other[0] is None else round(other[0], 3))
+
+
 def measure(
     system: str,
     target: Target,
@@ -224,17 +251,6 @@ def measure(
     """One open-loop point at ``rate`` req/s (warm-up arrivals included, not counted), judged."""
     schedule = poisson_schedule(rate, timing.warmup_s + timing.duration_s, seed + rate)
     picks = pick_bodies(len(schedule), len(requests.bodies), seed + rate)
-    start = time.monotonic()
-    window = (start + timing.warmup_s, start + timing.warmup_s + timing.duration_s)
-    other: list[float | None] = []
-    probe = threading.Thread(
-        target=_probe_window, args=(OtherLoadProbe(server_session), *window, other), daemon=True
-    )
-    probe.start()
-    result, cpu = asyncio.run(_http_drive(target, requests, schedule, picks, timing))
-    probe.join(timeout=5.0)
-    if any(a.sent is not None and a.done is None for a in result.arrivals):
-        time.sleep(drain_s(timing))  # cancelled requests may still be queued in the server: let it drain
+    result, cpu, other = run_schedule(target, requests, schedule, picks, timing, server_session)
     point = summarize_open_loop(system, rate, result, timing, client_cpu=cpu)
-    point = replace(point, other_load=None if not other or other[0] is None else round(other[0], 3))
-    return judged(point, p99_bound_ms), result.problems
+    return judged(replace(point, other_load=other), p99_bound_ms), result.problems

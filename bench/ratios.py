@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
-from bench import openloop
+from bench import mixed, openloop
+from bench.mixed_report import best_infinity, class_stats, errors_cell, small_p99
 from bench.openloop_report import best_sustaining
 from bench.results import Point, Ratio, RunReport, is_same_requests_row
 
@@ -84,11 +85,14 @@ def compute_ratios(
     max_other_load: float = 0.1,
     served_inprocess: str | None = None,
     open_loop_rates: Sequence[int] = (),
+    closed_loop: bool = True,
+    mixed_sizes: bool = False,
 ) -> list[Ratio]:
     """Per service variant: against Infinity's best configuration for each workload (the fastest of its
     engines and dtypes in this run), against the in-process ONNX Runtime limit (its best row), and, for
     context, against the model alone on W2's requests (run as the service runs it: ``served_inprocess``,
-    when that system was measured; ONNX Runtime otherwise) and the fastest in-process row of any backend."""
+    when that system was measured; ONNX Runtime otherwise) and the fastest in-process row of any backend.
+    ``closed_loop`` False: no W1/W2 rows (the run measured neither); ``mixed_sizes``: W4's rows."""
     inf_w2 = _best(report, "infinity", "W2", "seq_per_s")
     inf_w1 = _best(report, "infinity", "W1", "req_per_s", w1_conc)
     onnx_rows = [p for p in report.points if p.system == INPROCESS_ONNX]
@@ -101,12 +105,13 @@ def compute_ratios(
     top = max(inprocess, key=lambda p: p.seq_per_s, default=None)
     fastest = (top.system if top else INPROCESS_ONNX, top)
     inf_open = best_sustaining(report)
+    inf_mixed = best_infinity(report)
     ratios: list[Ratio] = []
+    lim = max_other_load
     for name in service_names:
         w2 = (name, report.point(name, "W2"))
         w1 = (name, report.point(name, "W1", w1_conc))
-        lim = max_other_load
-        ratios += [
+        closed = [
             _compare(
                 report, f"{name} W2 seq/s ÷ Infinity's best W2 seq/s", (w2, inf_w2), "seq_per_s", 2.0, lim
             ),
@@ -139,9 +144,59 @@ def compute_ratios(
             w1_one = (name, report.point(name, "W1", 1))
             inf_one = _best(report, "infinity", "W1", "req_per_s", 1)
             label = f"{name} W1 c=1 req/s ÷ Infinity's best"
-            ratios.append(_compare(report, label, (w1_one, inf_one), "req_per_s", 1.0, lim))
+            closed.append(_compare(report, label, (w1_one, inf_one), "req_per_s", 1.0, lim))
+        ratios += closed if closed_loop else []
         ratios += _open_loop_ratios(report, name, open_loop_rates, inf_open, lim)
+        if mixed_sizes:
+            ratios += _mixed_ratios(report, name, inf_mixed, lim)
     return ratios
+
+
+def _mixed_ratios(report: RunReport, name: str, inf: Named, max_other_load: float) -> list[Ratio]:
+    """W4 against Infinity's best W4 configuration (``mixed_report.best_infinity``) at the same offered
+    load: texts/s (>= 1), the 1-4-text requests' p99 (<= 1), and the service's errors, held to 0 where
+    that configuration had none (elsewhere no bar: the row says so)."""
+    mine = report.point(name, mixed.WORKLOAD)
+    theirs = inf[1]
+    labels = (f"{name} W4 texts/s ÷ Infinity's", f"{name} W4 1-4-text p99 ÷ Infinity's")
+    errors_label = f"{name} W4 errors (0 where Infinity has 0)"
+    if mine is None or theirs is None:
+        missing = "; ".join(_why_missing(report, n) for n, p in ((name, mine), inf) if p is None)
+        return [
+            Ratio(label, None, t, None, missing)
+            for label, t in zip((*labels, errors_label), (">= 1", "<= 1", "<= 0"), strict=True)
+        ]
+    where = f"({name} vs {inf[0]} at {mine.setting.get('offered_req_per_s')} req/s)"
+    where += _disturbed([mine, theirs], max_other_load)
+    for p in (mine, theirs):
+        if not openloop.sustained(p):
+            where += f"; {p.system} did not sustain it: {p.setting.get('why', '')}"
+    out = []
+    intervals = _p99_intervals(((name, _small(mine)), (inf[0], _small(theirs))))
+    for label, a, b, unit, target in (
+        (labels[0], mine.seq_per_s, theirs.seq_per_s, "texts/s", ">= 1"),
+        (labels[1], small_p99(mine), small_p99(theirs), "ms p99 of 1-4-text requests", "<= 1"),
+    ):
+        value = None if a is None or not b else round(a / b, 2)
+        # None of the service's own (no 1-4-text request answered) against a figure of Infinity's: missed.
+        met = (False if a is None and b is not None else None) if value is None else meets(value, target)
+        detail = f"{a} / {b} {unit} {where}" + (intervals if unit.startswith("ms") else "")
+        out.append(Ratio(label, value, target, met, detail))
+    errors = (
+        f"{name} {errors_cell(mine.errors, mine.setting.get('errors_by_status'))}, "
+        f"{inf[0]} {errors_cell(theirs.errors, theirs.setting.get('errors_by_status'))} {where}"
+    )
+    if theirs.errors:
+        out.append(Ratio(errors_label, None, "<= 0", None, f"{inf[0]} had errors: no bar here; {errors}"))
+    else:
+        out.append(Ratio(errors_label, float(mine.errors), "<= 0", mine.errors == 0, errors))
+    return out
+
+
+def _small(p: Point) -> Point:
+    """``p`` with its p99 interval that of its 1-4-text requests (for ``_p99_intervals``)."""
+    stats = class_stats(p, mixed.SMALL)
+    return replace(p, p99_low_ms=stats.get("p99_low_ms"), p99_high_ms=stats.get("p99_high_ms"))
 
 
 def _open_loop_ratios(

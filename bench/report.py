@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bench import openloop_report
+from bench import mixed_report, openloop_report
 from bench.ratios import CONTEXT
 from bench.results import Point, Ratio, RunReport, SystemInfo
 
@@ -93,9 +93,11 @@ def _rounds_note(report: RunReport) -> list[str]:
 def render(
     report: RunReport, plot_name: str | None = "plot.png", level: int = 2, open_loop_plot: str | None = None
 ) -> str:
-    """The whole report as markdown: machine, systems, points (the open loop's in a table of their own),
-    ratios, plots."""
-    closed = [p for p in report.points if p.workload != openloop_report.WORKLOAD]
+    """The whole report as markdown: machine, systems, points (each open-loop workload's in a table of
+    its own), ratios, plots."""
+    open_loops = (openloop_report.WORKLOAD, mixed_report.WORKLOAD)
+    closed = [p for p in report.points if p.workload not in open_loops]
+    services = [s.name for s in report.systems if s.kind == "service"]
     m = report.machine
     corpus = report.corpus
     h = "#" * level
@@ -121,6 +123,7 @@ def render(
         points_table(closed, with_round=report.rounds > 1),
         "",
         *openloop_report.open_loop_section(report, f"{h} Open loop (W3)", open_loop_plot),
+        *mixed_report.mixed_section(report, f"{h} Mixed request sizes, open loop (W4)", services),
         f"{h} Ratios (same run)",
         "",
         *_rounds_note(report),

@@ -20,7 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from bench import infinity, loadgen, machine, openloop, openloop_report, ratios, report, systems
+from bench import (
+    infinity,
+    loadgen,
+    machine,
+    mixed,
+    mixed_report,
+    openloop,
+    openloop_report,
+    ratios,
+    report,
+    systems,
+)
 from bench.cli import WORK_DIR, Options
 from bench.corpus import Corpus, batches, build_corpus
 from bench.inprocess_plan import run_inprocess, served_torch_spec
@@ -156,6 +167,7 @@ def measure_server(
                 where = f"round {round_no} " if opts.rounds > 1 else ""
                 info.reason += f"{where}{workload} c={conc} errors, e.g. {errors[0][:160]}. "
         measure_open_loop(opts, rep, info, server, target, corpus, round_no)
+        measure_mixed(opts, rep, info, server, target, corpus, round_no)
         info.ran = True
     except Exception as exc:  # one system failing must not stop the others
         info.reason += f"{type(exc).__name__}: {exc}"
@@ -196,6 +208,53 @@ def measure_open_loop(
         if errors:
             where = f"round {round_no} " if opts.rounds > 1 else ""
             info.reason += f"{where}{openloop.WORKLOAD} {rate} req/s errors, e.g. {errors[0][:160]}. "
+
+
+def measure_mixed(
+    opts: Options,
+    rep: RunReport,
+    info: SystemInfo,
+    server: systems.Server,
+    target: loadgen.Target,
+    corpus: Corpus,
+    round_no: int,
+) -> None:
+    """W4 on a started ``server``: requests of mixed sizes (``bench.mixed.MIX``) arriving as a Poisson
+    process at ``opts.mixed_rate``, after one request of each large size (first-use costs stay out of the
+    window); judged sustained or not by W3's rules."""
+    if opts.mixed_rate <= 0:
+        return
+    for size in sorted({c.high for c in mixed.MIX if c.label != mixed.SMALL}):
+        try:
+            systems.fetch_embeddings(target.url, corpus.texts[:size], opts.request_timeout_s)
+        except Exception as exc:  # the window counts whatever fails; say it here too
+            print(f"  W4 priming with {size} texts failed: {type(exc).__name__}: {exc}", flush=True)
+    window_s = mixed.window_s(opts.mixed_rate, opts.duration_s, opts.mixed_requests)
+    timing = loadgen.Timing(opts.warmup_s, window_s, opts.request_timeout_s)
+
+    def once() -> tuple[Point, list[str]]:
+        if opts.quiet_wait_s > 0:
+            machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
+        return mixed.measure(
+            info.name,
+            target,
+            corpus.texts,
+            opts.mixed_rate,
+            timing,
+            opts.seed,
+            opts.mixed_p99_ms,
+            server.session_id,
+        )
+
+    point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
+    if taken > 1:
+        print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
+    point = replace(point, round=round_no)
+    rep.points.append(point)
+    print(mixed_report.mixed_table([point]), flush=True)
+    if errors:
+        where = f"round {round_no} " if opts.rounds > 1 else ""
+        info.reason += f"{where}{mixed.WORKLOAD} {opts.mixed_rate:g} req/s errors, e.g. {errors[0][:160]}. "
 
 
 def measure_rounds(
@@ -299,9 +358,13 @@ def run(opts: Options) -> RunReport:
         max_other_load=opts.max_other_load,
         served_inprocess=f"inprocess-{served.label}" if served else None,
         open_loop_rates=opts.open_loop_rates,
+        closed_loop=bool(opts.w1_concurrency or opts.w2_concurrency),
+        mixed_sizes=opts.mixed_rate > 0,
     )
     rep.finished_at = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     write_outputs(rep, opts.out, opts.doc)
+    if mixed_report.mixed_points(rep.points):
+        print("\n" + mixed_report.side_by_side(rep, [s.name for s in opts.services]), flush=True)
     print("\n" + report.ratios_table(rep.ratios), flush=True)
     written = sorted(
         p.name

@@ -173,3 +173,25 @@ def test_tuner_picks_best_throughput_within_p99() -> None:
     assert pick_best([fast_but_slow_tail, ok, slower], 500) is ok
     assert pick_best([fast_but_slow_tail], 500) is None
     assert pick_best([point(80, 0.1, errors=100), slower], 500) is slower
+
+
+def test_mixed_workload_options() -> None:
+    opts = parse(["run"])
+    assert (opts.mixed_rate, opts.mixed_requests, opts.mixed_p99_ms) == (2.0, 500, 10_000.0)
+    assert opts.w1_concurrency and opts.w2_concurrency and opts.open_loop_rates  # W4 beside the others
+    assert parse(["run", "--quick"]).mixed_requests == 0  # a smoke test keeps its 3-s window
+    assert parse(["run", "--no-mixed"]).mixed_rate == 0.0
+    assert parse(["ramp"]).mixed_rate == 0.0
+    only = parse(["run", "--workloads", "mixed", "--mixed-rate", "2.5", "--mixed-requests", "120"])
+    assert (only.w1_concurrency, only.w2_concurrency, only.open_loop_rates) == ([], [], [])
+    assert (only.mixed_rate, only.mixed_requests) == (2.5, 120)
+    some = parse(["run", "--workloads", "w1,open", "--open-loop-rates", "10"])
+    assert (some.w1_concurrency, some.w2_concurrency, some.open_loop_rates, some.mixed_rate) == (
+        [1, 8, 32],
+        [],
+        [10],
+        0.0,
+    )
+    for bad in (["--workloads", "W9"], ["--workloads", ""], ["--mixed-rate", "0"], ["--mixed-rate", "51"]):
+        with pytest.raises(SystemExit):
+            parse(["run", *bad])

@@ -54,7 +54,19 @@ def fake_systems(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_each_round_starts_every_system_and_marks_its_points(fake_systems: list[str], tmp_path: Path) -> None:
-    opts = parse(["run", "--rounds", "3", "--w1-concurrency", "8", "--w2-concurrency", "4", "--no-open-loop"])
+    opts = parse(
+        [
+            "run",
+            "--rounds",
+            "3",
+            "--w1-concurrency",
+            "8",
+            "--w2-concurrency",
+            "4",
+            "--no-open-loop",
+            "--no-mixed",
+        ]
+    )
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
     runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
@@ -69,7 +81,7 @@ def test_each_round_starts_every_system_and_marks_its_points(fake_systems: list[
 
 
 def test_one_round_is_the_plain_run(fake_systems: list[str], tmp_path: Path) -> None:
-    opts = parse(["run", "--w1-concurrency", "8", "--w2-concurrency", "4", "--no-open-loop"])
+    opts = parse(["run", "--w1-concurrency", "8", "--w2-concurrency", "4", "--no-open-loop", "--no-mixed"])
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
     runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
@@ -106,7 +118,16 @@ def test_open_loop_rates_are_measured_on_every_system_in_every_round(
     monkeypatch.setattr(runner.openloop, "measure", open_loop)
     argv = ["run", "--quick", "--rounds", "2", "--w1-concurrency", "1", "--w2-concurrency", "4"]
     opts = parse(
-        [*argv, "--open-loop-rates", "30,10", "--open-loop-p99-ms", "250", "--open-loop-requests", "60"]
+        [
+            *argv,
+            "--open-loop-rates",
+            "30,10",
+            "--open-loop-p99-ms",
+            "250",
+            "--open-loop-requests",
+            "60",
+            "--no-mixed",
+        ]
     )
     rep = RunReport("cmd", {}, {}, {})
     corpus = Corpus(texts=tuple(f"text {i}" for i in range(40)), seed=0)
@@ -152,3 +173,40 @@ def test_only_the_infinity_configs_asked_for_start(tmp_path: Path, monkeypatch: 
     ]
     with pytest.raises(SystemExit):
         parse(["run", "--infinity-configs", "infinity-gpu"])
+
+
+def test_mixed_sizes_are_measured_on_every_system_in_every_round_after_priming(
+    fake_systems: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, float, int, float, float]] = []
+    primed: list[tuple[str, int]] = []
+
+    def mixed(
+        system: str,
+        target: loadgen.Target,
+        texts: tuple[str, ...],
+        rate: float,
+        timing: loadgen.Timing,
+        seed: int,
+        p99_bound_ms: float,
+        server_session: int | None = None,
+    ) -> tuple[Point, list[str]]:
+        calls.append((system, rate, len(texts), timing.duration_s, p99_bound_ms))
+        return summarize(system, "W4", 0, 15, 1.0, [0.01] * 5, 0), []
+
+    monkeypatch.setattr(runner, "retry_disturbed", lambda once, limit, retries: (*once(), 1))
+    monkeypatch.setattr(runner.mixed, "measure", mixed)
+    monkeypatch.setattr(
+        runner.systems, "fetch_embeddings", lambda url, texts, t: primed.append((url, len(texts)))
+    )
+    argv = ["run", "--rounds", "2", "--workloads", "mixed", "--mixed-rate", "2", "--mixed-requests", "100"]
+    opts = parse([*argv, "--mixed-p99-ms", "4000", "--quiet-wait", "0"])
+    rep = RunReport("cmd", {}, {}, {})
+    corpus = Corpus(texts=tuple(f"text {i}" for i in range(300)), seed=0)
+    runner.measure_rounds(opts, rep, corpus, [], np.empty((0, 384)), tmp_path)
+    # W4 alone: 100 arrivals at 2 req/s need a 50-s window; every system, every round, the whole corpus.
+    assert calls == [(s, 2.0, 300, 50.0, 4000.0) for s in ("service", "infinity-onnx")] * 2
+    assert [(p.system, p.round, p.workload) for p in rep.points] == [
+        (s, n, "W4") for n in (1, 2) for s in ("service", "infinity-onnx")
+    ]
+    assert [n for _, n in primed] == [32, 256] * 4  # one request of each large size before each window
