@@ -386,6 +386,7 @@ def _minute_p99(sent: list[Sent], minute: int, small: bool) -> float:
     return _percentile([s.latency_s for s in window], 99)
 
 
+@pytest.mark.timeout(SOAK_MIX_S + 300)  # the suite's 600 s per test, past the run's own length
 def test_soak_of_the_mixed_size_traffic(http, base_url):
     """SOAK_MIX_SECONDS (default 600) of open-loop arrivals whose sizes follow the users' long tail (most
     1-4 texts, some 32, a few 256: MIX), at a rate the service sustains: no error, no replica's memory
