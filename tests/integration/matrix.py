@@ -30,9 +30,10 @@ _WORDS = _PROSE.split(" ")
 _serial = itertools.count()
 
 
-def texts(n: int, min_words: int = 3, max_words: int = 40, seed: int | None = None) -> list[str]:
+def texts(n: int, min_words: int = 3, max_words: int = 12, seed: int | None = None) -> list[str]:
     """``n`` distinct texts of mixed lengths: distinct across calls too, so that no answer can come from
-    the degraded-answer cache (a recent identical request's result)."""
+    the degraded-answer cache (a recent identical request's result). Short by default: what a call between
+    replicas carries grows with the number of inputs, not their length; short texts keep the suite quick."""
     rng = random.Random(seed)
     out = []
     for _ in range(n):

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from deployments.ingress.haproxy_errors import ERROR_FILES
@@ -102,7 +103,11 @@ def test_with_no_ingress_replica_haproxy_answers_the_service_503(serve_harness, 
     try:
         for server in servers:
             _admin(admin, f"set server {backend}/{server} state maint")
-        resp = http.post("/v1/embeddings", json={"input": "nobody to take it"})
+        # A new connection: one the session's client kept alive may belong to an HAProxy process that an
+        # earlier reload (a test app deployed or removed) replaced, which this admin socket does not reach.
+        resp = httpx.post(
+            f"{serve_harness.url}/v1/embeddings", json={"input": "nobody to take it"}, timeout=30
+        )
     finally:
         for server in servers:
             _admin(admin, f"set server {backend}/{server} state ready")

@@ -55,6 +55,12 @@ def test_classify_models_listing(http):
         "max_tokens": 128,
         "labels": list(LABELS),
         "default": False,
+        "limits": {  # the router's limits (the shipped defaults) and the model's own token limit
+            "max_inputs_per_request": 256,
+            "max_tokens_per_input": 128,
+            "max_request_bytes": 2 * 1024 * 1024,
+            "truncation": "on_request",
+        },
     }
     # The model by name (what OpenAI clients ask for), then each served version by name:version.
     assert data == [{"id": "tiny-sentiment", **entry}, {"id": "tiny-sentiment:1", **entry}]
