@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -193,21 +193,41 @@ def measure_open_loop(
         timing = loadgen.Timing(opts.warmup_s, window_s, opts.request_timeout_s)
 
         def once(rate: int = rate, timing: loadgen.Timing = timing) -> tuple[Point, list[str]]:
-            if opts.quiet_wait_s > 0:
-                machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
             return openloop.measure(
                 info.name, target, requests, rate, timing, opts.seed, opts.open_loop_p99_ms, server.session_id
             )
 
-        point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
-        if taken > 1:
-            print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
-        point = replace(point, round=round_no)
-        rep.points.append(point)
-        print(openloop_report.open_loop_row(point), flush=True)
-        if errors:
-            where = f"round {round_no} " if opts.rounds > 1 else ""
-            info.reason += f"{where}{openloop.WORKLOAD} {rate} req/s errors, e.g. {errors[0][:160]}. "
+        what = f"{openloop.WORKLOAD} {rate} req/s"
+        _take_point(opts, rep, info, server, round_no, once, openloop_report.open_loop_row, what)
+
+
+def _take_point(
+    opts: Options,
+    rep: RunReport,
+    info: SystemInfo,
+    server: systems.Server,
+    round_no: int,
+    measure: Callable[[], tuple[Point, list[str]]],
+    show: Callable[[Point], str],
+    what: str,
+) -> None:
+    """One judged open-loop point: measured once the machine is quiet (again while other processes disturb
+    it), kept with its round, printed by ``show``; its errors named in the system's note as ``what``."""
+
+    def once() -> tuple[Point, list[str]]:
+        if opts.quiet_wait_s > 0:
+            machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
+        return measure()
+
+    point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
+    if taken > 1:
+        print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
+    point = replace(point, round=round_no)
+    rep.points.append(point)
+    print(show(point), flush=True)
+    if errors:
+        where = f"round {round_no} " if opts.rounds > 1 else ""
+        info.reason += f"{where}{what} errors, e.g. {errors[0][:160]}. "
 
 
 def measure_mixed(
@@ -233,8 +253,6 @@ def measure_mixed(
     timing = loadgen.Timing(opts.warmup_s, window_s, opts.request_timeout_s)
 
     def once() -> tuple[Point, list[str]]:
-        if opts.quiet_wait_s > 0:
-            machine.wait_for_quiet(server.session_id, opts.max_other_load, opts.quiet_wait_s)
         return mixed.measure(
             info.name,
             target,
@@ -246,15 +264,8 @@ def measure_mixed(
             server.session_id,
         )
 
-    point, errors, taken = retry_disturbed(once, opts.max_other_load, opts.retries)
-    if taken > 1:
-        print(f"  ({taken} measurements: other processes disturbed the first)", flush=True)
-    point = replace(point, round=round_no)
-    rep.points.append(point)
-    print(mixed_report.mixed_table([point]), flush=True)
-    if errors:
-        where = f"round {round_no} " if opts.rounds > 1 else ""
-        info.reason += f"{where}{mixed.WORKLOAD} {opts.mixed_rate:g} req/s errors, e.g. {errors[0][:160]}. "
+    what = f"{mixed.WORKLOAD} {opts.mixed_rate:g} req/s"
+    _take_point(opts, rep, info, server, round_no, once, lambda p: mixed_report.mixed_table([p]), what)
 
 
 def measure_rounds(
