@@ -7,10 +7,7 @@
   while the Inference replica's RSS is sampled every few seconds (psutil, pid from the replica itself).
   After a warm-up, the median RSS of the last third of the samples must not exceed the first third's by
   15 % or more *and* by 50 MB or more (either bound passing is enough). The series is printed.
-- Mixed soak: ``SOAK_MIX_SECONDS`` (default 600) of open-loop arrivals whose sizes follow the users' long
-  tail (most 1-4 texts, some 32, a few of the largest request). No error; the Inference, Model and Ingress
-  replicas' RSS held to the same bound; the last minute's p99 (small requests, and all) within 1.5x the
-  second minute's, plus 50 ms.
+- The mixed-size soak: ``test_soak_mixed.py``.
 
 Run: ``.venv/bin/python -m pytest -m slow tests/integration/test_soak.py -s``
 """
@@ -18,11 +15,8 @@ Run: ``.venv/bin/python -m pytest -m slow tests/integration/test_soak.py -s``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
-import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -34,8 +28,18 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import APP, DEFAULT_MODEL
-from tests.integration.matrix import LARGEST, texts
+from tests.integration.replica_memory import (
+    MB,
+    RSS_GROWTH_BYTES,
+    RSS_GROWTH_RATIO,
+    RssSampler,
+    growth,
+    inference_pid,
+    inference_stats,
+    ingress_pid,
+    percentile,
+    rss_summary,
+)
 from tests.integration.traffic import error_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -46,15 +50,8 @@ OVERLOAD_S = 60.0
 OVERLOAD_MAX_IN_FLIGHT = 8
 OVERLOAD_MAX_REQUESTS = 200_000
 SOAK_S = float(os.environ.get("SOAK_SECONDS", "240"))
-SOAK_MIX_S = float(os.environ.get("SOAK_MIX_SECONDS", "600"))
-MIX = (0.80, 0.17, 0.03)  # shares of 1-4 texts, 32, the largest request: the users' long tail
-MIX_RATE = 6.0  # requests/s: about 90 texts/s, well within what 2 cores sustain for this mix
-P99_DRIFT = 1.5  # the last minute's p99 against the second's (a shared 2-core machine moves by this much)
 SOAK_CLIENTS = 4
 SOAK_MAX_REQUESTS = 1_000_000
-RSS_GROWTH_RATIO = 0.15
-RSS_GROWTH_BYTES = 50 * 2**20
-MB = 2**20
 LEAK_REQUESTS = 150
 DISCONNECT_MAX_IN_FLIGHT = 4
 DISCONNECT_REQUESTS = 24
@@ -74,13 +71,6 @@ class Result:
     code: str | None = None
     retry_after: str | None = None
     exc: str | None = None
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def _run_load(
@@ -146,10 +136,10 @@ def test_sustained_overload_gets_only_200_or_503_and_recovers(http, base_url, in
         f"\noverload ({OVERLOAD_CLIENTS} clients, max_in_flight={OVERLOAD_MAX_IN_FLIGHT}, {elapsed:.0f} s): "
         f"{len(results)} requests, status counts {dict(sorted(counts.items(), key=str))}, "
         f"served {len(ok) / elapsed:.1f} req/s ({len(ok) * 32 / elapsed:.0f} texts/s); "
-        f"latency 200 p50 {_percentile(ok, 50) * 1000:.0f} ms p99 {_percentile(ok, 99) * 1000:.0f} ms; "
-        f"503 p50 {_percentile([r.latency_s for r in refused], 50) * 1000:.0f} ms "
-        f"p99 {_percentile([r.latency_s for r in refused], 99) * 1000:.0f} ms; "
-        f"all p99 {_percentile(all_latencies, 99) * 1000:.0f} ms"
+        f"latency 200 p50 {percentile(ok, 50) * 1000:.0f} ms p99 {percentile(ok, 99) * 1000:.0f} ms; "
+        f"503 p50 {percentile([r.latency_s for r in refused], 50) * 1000:.0f} ms "
+        f"p99 {percentile([r.latency_s for r in refused], 99) * 1000:.0f} ms; "
+        f"all p99 {percentile(all_latencies, 99) * 1000:.0f} ms"
     )
 
     assert not [r for r in results if r.status is None], "requests without an HTTP answer"
@@ -159,7 +149,7 @@ def test_sustained_overload_gets_only_200_or_503_and_recovers(http, base_url, in
         assert r.code == "overloaded" and r.retry_after == "1", r
     # Refused at the door, not after queueing: a refusal is quicker than a served request. (Relative, not an
     # absolute bound: on a shared 2-core machine, absolute latencies follow the neighbours' load.)
-    assert _percentile([r.latency_s for r in refused], 50) < _percentile(ok, 50)
+    assert percentile([r.latency_s for r in refused], 50) < percentile(ok, 50)
     assert max(all_latencies) < CLIENT_TIMEOUT_S
     # Healthy afterwards, still under the lowered limit.
     assert http.get("/healthz").status_code == 200
@@ -167,94 +157,10 @@ def test_sustained_overload_gets_only_200_or_503_and_recovers(http, base_url, in
     assert resp.status_code == 200, resp.text
 
 
-def _inference_stats() -> dict[str, Any]:
-    from ray import serve
-
-    return (
-        serve.get_deployment_handle("Inference", app_name=DEFAULT_MODEL)
-        .batching.remote()
-        .result(timeout_s=30)
-    )
-
-
-def _inference_pid() -> int:
-    return int(_inference_stats()["pid"])
-
-
-def _ingress_pid() -> int:
-    return _replica_pid(APP, "Ingress")
-
-
-def _replica_pid(app: str, deployment: str) -> int:
-    """A replica's process id, asked of the replica actor itself (found in Serve's namespace)."""
-    import ray
-
-    prefix = f"SERVE_REPLICA::{app}#{deployment}#"
-    names = [
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == "serve" and a["name"].startswith(prefix)
-    ]
-    assert len(names) == 1, names
-    actor = ray.get_actor(names[0], namespace="serve")
-    return int(ray.get(actor.__ray_call__.remote(lambda _self: os.getpid()), timeout=30))
-
-
-class RssSampler:
-    def __init__(self, pids: dict[str, int], interval_s: float, max_samples: int) -> None:
-        self._procs = {name: psutil.Process(pid) for name, pid in pids.items()}
-        self._interval_s = interval_s
-        self._max_samples = max_samples
-        self._stop = threading.Event()
-        self.samples: dict[str, list[tuple[float, int]]] = {name: [] for name in pids}
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._t0 = time.monotonic()
-
-    def _run(self) -> None:
-        for _ in range(self._max_samples):
-            now = time.monotonic() - self._t0
-            for name, proc in self._procs.items():
-                # A vanished process shows as missing samples; the pid check catches a restart.
-                with contextlib.suppress(psutil.Error):
-                    self.samples[name].append((now, proc.memory_info().rss))
-            if self._stop.wait(self._interval_s):
-                return
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
-def _growth(series: list[tuple[float, int]], warmup_s: float) -> tuple[float, float, int, int]:
-    """(bytes, ratio, first-third median, last-third median) of the post-warm-up samples."""
-    values = [rss for t, rss in series if t >= warmup_s]
-    assert len(values) >= 6, f"too few samples after warm-up: {len(values)}"
-    third = len(values) // 3
-    first, last = statistics.median(values[:third]), statistics.median(values[-third:])
-    return last - first, (last - first) / first, int(first), int(last)
-
-
-def _summary(name: str, series: list[tuple[float, int]], warmup_s: float) -> str:
-    values = [rss / MB for _, rss in series]
-    grew, ratio, first, last = _growth(series, warmup_s)
-    compact = " ".join(f"{t:.0f}s:{rss / MB:.0f}" for t, rss in series[:: max(1, len(series) // 12)])
-    return (
-        f"{name} RSS: {len(values)} samples, min {min(values):.0f} MB, "
-        f"median {statistics.median(values):.0f} MB, max {max(values):.0f} MB; "
-        f"after {warmup_s:.0f} s warm-up, first-third median {first / MB:.1f} MB -> "
-        f"last-third median {last / MB:.1f} MB: {grew / MB:+.1f} MB ({ratio * 100:+.1f} %)\n"
-        f"  series (MB): {compact}"
-    )
-
-
 def test_soak_memory_of_the_model_replica_does_not_keep_growing(http, base_url):
     assert SOAK_S >= 45, "SOAK_SECONDS must be at least 45 (warm-up plus enough samples)"
-    pid = _inference_pid()
-    pids = {"Inference": pid, "Ingress": _ingress_pid()}
+    pid = inference_pid()
+    pids = {"Inference": pid, "Ingress": ingress_pid()}
     interval_s = max(1.0, min(5.0, SOAK_S / 48))
     warmup_s = max(20.0, 0.15 * SOAK_S)
 
@@ -276,15 +182,15 @@ def test_soak_memory_of_the_model_replica_does_not_keep_growing(http, base_url):
     latencies = [r.latency_s for r in results]
     print(
         f"\nsoak ({elapsed:.0f} s, {SOAK_CLIENTS} clients, 1-64 texts per request): {len(results)} requests, "
-        f"status counts {dict(counts)}, latency p50 {_percentile(latencies, 50) * 1000:.0f} ms "
-        f"p99 {_percentile(latencies, 99) * 1000:.0f} ms"
+        f"status counts {dict(counts)}, latency p50 {percentile(latencies, 50) * 1000:.0f} ms "
+        f"p99 {percentile(latencies, 99) * 1000:.0f} ms"
     )
     for name, series in sampler.samples.items():
-        print(_summary(name, series, warmup_s))
+        print(rss_summary(name, series, warmup_s))
 
     assert set(counts) == {200}, (counts, [r for r in results if r.status != 200][:5])
-    assert _inference_pid() == pid, "the Inference replica restarted during the soak"
-    grew, ratio, _, _ = _growth(sampler.samples["Inference"], warmup_s)
+    assert inference_pid() == pid, "the Inference replica restarted during the soak"
+    grew, ratio, _, _ = growth(sampler.samples["Inference"], warmup_s)
     assert grew < RSS_GROWTH_BYTES or ratio < RSS_GROWTH_RATIO, (
         f"Inference RSS kept growing: {grew / MB:+.1f} MB ({ratio * 100:+.1f} %)"
     )
@@ -298,7 +204,7 @@ class CacheOverBudget(AssertionError):
 def test_fallback_cache_memory_stays_within_its_setting(http, base_url, ingress_config):
     """Long unique inputs, tiny answers (ubinary, 48 bytes): the ingress keeps no more than its cache."""
     ingress_config(fallback_cache_mb=1)  # a new, empty 1 MiB cache
-    pid = _ingress_pid()
+    pid = ingress_pid()
     proc = psutil.Process(pid)
     filler = "word " * 200_000  # 1 MB of input text, cut to the token limit by truncate
 
@@ -311,7 +217,7 @@ def test_fallback_cache_memory_stays_within_its_setting(http, base_url, ingress_
     before = proc.memory_info().rss
     results = _run_load(base_url, 2, 120, body, LEAK_REQUESTS)
     after = proc.memory_info().rss
-    assert _ingress_pid() == pid
+    assert ingress_pid() == pid
     counts = Counter(r.status for r in results)
     print(
         f"\nfallback cache of 1 MiB, {len(results)} requests of 1 MB input with 1-float answers: "
@@ -326,7 +232,7 @@ def test_fallback_cache_memory_stays_within_its_setting(http, base_url, ingress_
 def test_client_disconnects_do_not_leak_admission_slots(http, base_url, ingress_config):
     """Clients that hang up mid-request must give their ``max_in_flight`` slot back (no permanent 503s)."""
     ingress_config(max_in_flight=DISCONNECT_MAX_IN_FLIGHT)
-    before = _inference_stats()
+    before = inference_stats()
     heavy = {"input": [f"abandoned request text {k} " + "word " * 150 for k in range(64)]}
 
     def hang_up(_: int) -> str:
@@ -353,7 +259,7 @@ def test_client_disconnects_do_not_leak_admission_slots(http, base_url, ingress_
         if codes == [200] * DISCONNECT_MAX_IN_FLIGHT:
             break
         time.sleep(1)
-    after = _inference_stats()
+    after = inference_stats()
     ran = after["sequences"] - before["sequences"] - sum(len(r) for r in rounds)
     print(
         f"\ndisconnects: {dict(outcomes)}; probe rounds until all {DISCONNECT_MAX_IN_FLIGHT} admitted: "
@@ -361,98 +267,3 @@ def test_client_disconnects_do_not_leak_admission_slots(http, base_url, ingress_
         f"{outcomes['disconnected'] * len(heavy['input'])}"
     )
     assert rounds[-1] == [200] * DISCONNECT_MAX_IN_FLIGHT, rounds
-
-
-def _poisson(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    """Arrival times (s from the start) of a Poisson process: open loop, whatever the answers do."""
-    times, t = [], rng.expovariate(rate)
-    while t < duration_s:
-        times.append(t)
-        t += rng.expovariate(rate)
-    return times
-
-
-@dataclass(frozen=True)
-class Sent:
-    at: float  # seconds from the start
-    size: int  # texts in the request
-    status: int | None
-    latency_s: float
-    problem: str | None
-
-
-def _minute_p99(sent: list[Sent], minute: int, small: bool) -> float:
-    window = [s for s in sent if minute * 60 <= s.at < (minute + 1) * 60 and (not small or s.size <= 4)]
-    return _percentile([s.latency_s for s in window], 99)
-
-
-@pytest.mark.timeout(SOAK_MIX_S + 300)  # the suite's 600 s per test, past the run's own length
-def test_soak_of_the_mixed_size_traffic(http, base_url):
-    """SOAK_MIX_SECONDS (default 600) of open-loop arrivals whose sizes follow the users' long tail (most
-    1-4 texts, some 32, a few 256: MIX), at a rate the service sustains: no error, no replica's memory
-    growing past the bound, and the last minute's p99 that of the second (within P99_DRIFT)."""
-    assert SOAK_MIX_S >= 180, "SOAK_MIX_SECONDS must be at least 180 (a second and a last minute apart)"
-    pids = {
-        "Inference": _inference_pid(),
-        "Model": _replica_pid(DEFAULT_MODEL, "Model"),
-        "Ingress": _ingress_pid(),
-    }
-    interval_s = 5.0
-    rng = random.Random(50)
-    arrivals = _poisson(MIX_RATE, SOAK_MIX_S, rng)
-    sizes = [rng.choices([rng.randint(1, 4), 32, LARGEST], weights=MIX)[0] for _ in arrivals]
-    sent: list[Sent] = []
-
-    async def main() -> None:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
-        async with httpx.AsyncClient(base_url=base_url, timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
-            start = time.monotonic()
-
-            async def one(at: float, size: int) -> None:
-                await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
-                body = {"input": texts(size, max_words=40)}
-                t0 = time.monotonic()
-                try:
-                    resp = await client.post("/v1/embeddings", json=body)
-                except httpx.HTTPError as exc:
-                    sent.append(Sent(at, size, None, time.monotonic() - t0, repr(exc)))
-                    return
-                problem = None
-                if resp.status_code != 200:
-                    problem = resp.text[:200]
-                elif len(resp.json()["data"]) != size or resp.headers.get("x-degraded"):
-                    problem = "incomplete or degraded answer"
-                sent.append(Sent(at, size, resp.status_code, time.monotonic() - t0, problem))
-
-            await asyncio.gather(*(one(at, size) for at, size in zip(arrivals, sizes, strict=True)))
-
-    started = time.monotonic()
-    with RssSampler(pids, interval_s, max_samples=int(SOAK_MIX_S / interval_s) + 20) as sampler:
-        asyncio.run(asyncio.wait_for(main(), SOAK_MIX_S + CLIENT_TIMEOUT_S + 30))
-    elapsed = time.monotonic() - started
-
-    counts = Counter(s.status for s in sent)
-    texts_done = sum(s.size for s in sent if s.status == 200)
-    last = int(SOAK_MIX_S // 60) - 1
-    p99 = {m: (_minute_p99(sent, m, True), _minute_p99(sent, m, False)) for m in (1, last)}
-    print(
-        f"\nmixed soak ({elapsed:.0f} s, {MIX_RATE} req/s open loop, sizes 1-4/32/{LARGEST} at {MIX}): "
-        f"{len(sent)} requests, {texts_done / elapsed:.0f} texts/s, status counts {dict(counts)}; "
-        f"p99 small / all: second minute {p99[1][0] * 1000:.0f} / {p99[1][1] * 1000:.0f} ms, last minute "
-        f"{p99[last][0] * 1000:.0f} / {p99[last][1] * 1000:.0f} ms"
-    )
-    for name, series in sampler.samples.items():
-        print(_summary(name, series, 60.0))
-
-    assert len(sent) == len(arrivals), "requests without an outcome"
-    assert not [s for s in sent if s.problem], [s for s in sent if s.problem][:5]
-    for name in pids:
-        grew, ratio, _, _ = _growth(sampler.samples[name], 60.0)
-        assert grew < RSS_GROWTH_BYTES or ratio < RSS_GROWTH_RATIO, (
-            f"{name} RSS kept growing: {grew / MB:+.1f} MB ({ratio * 100:+.1f} %)"
-        )
-    assert _replica_pid(DEFAULT_MODEL, "Model") == pids["Model"], "the pipeline replica restarted"
-    small, everything = p99[last]
-    assert small <= P99_DRIFT * p99[1][0] + 0.05, p99
-    assert everything <= P99_DRIFT * p99[1][1] + 0.05, p99
-    assert http.get("/healthz").status_code == 200
