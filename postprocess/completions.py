@@ -9,30 +9,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
-FinishReason = Literal["stop", "length"]
+from contracts.outputs import FinishReason, Usage
 
 DONE = b"data: [DONE]\n\n"
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def as_dict(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-        }
 
 
 @dataclass(frozen=True, slots=True)

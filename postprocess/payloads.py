@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from postprocess.contracts import ModelOutput, ResponseOptions
+from contracts.errors import InvalidRequestError, UnsupportedTaskError
+from contracts.outputs import ModelOutput, ResponseOptions
 from postprocess.quantize import quantize
-from preprocess.errors import InvalidRequestError, UnsupportedTaskError
 from preprocess.tokenize import TokenDetails
 
 

@@ -12,7 +12,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from preprocess.errors import InvalidRequestError
+from contracts.errors import InvalidRequestError
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary"]
 EMBEDDING_TYPES: tuple[str, ...] = get_args(EmbeddingType)

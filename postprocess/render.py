@@ -8,7 +8,7 @@ import numpy as np
 import orjson
 import ormsgpack
 
-from postprocess.contracts import (
+from contracts.outputs import (
     JSON,
     MSGPACK,
     MediaType,

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from postprocess.contracts import ModelOutput, RerankOptions, ResponseOptions, SparseRows
+from contracts.errors import UnsupportedTaskError
+from contracts.outputs import ModelOutput, RerankOptions, ResponseOptions, SparseRows
 from postprocess.payloads import round_floats, shorten_embeddings, typed_embeddings, usage
-from preprocess.errors import UnsupportedTaskError
 
 # Sparse weights at or below this are left out: SPLADE's relu makes most of the vocabulary exactly 0.
 SPARSE_THRESHOLD = 0.0

@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from preprocess.errors import InputTooLongError, InvalidRequestError, UnsupportedTaskError
+from contracts.errors import InputTooLongError, InvalidRequestError, UnsupportedTaskError
 from preprocess.limits import MAX_CONTEXT_TOKENS, MAX_NEW_TOKENS
 from preprocess.schemas import Text, Texts, TokenIds, _StrictRequest
 

@@ -8,7 +8,7 @@ from typing import TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from preprocess.errors import (
+from contracts.errors import (
     InvalidJSONError,
     InvalidRequestError,
     ModelNotFoundError,

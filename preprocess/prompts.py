@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import InvalidRequestError
+from contracts.errors import InvalidRequestError
+from contracts.tokenized import TokenizeJob
 
 # Cohere's input types and the prompt names models commonly use for them (e5, bge, Qwen3-style).
 INPUT_TYPE_ALIASES: dict[str, tuple[str, ...]] = {

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
-from preprocess.contracts import EncodedTexts, TokenizeJob
-from preprocess.errors import InputTooLongError, InvalidRequestError
+from contracts.errors import InputTooLongError, InvalidRequestError
+from contracts.tokenized import EncodedTexts, TokenizeJob
 from preprocess.limits import MAX_TOKENS_PER_INPUT
 
 _PROBE = ("a", "b")  # one token each in every vocabulary we serve: used to find the special-token template

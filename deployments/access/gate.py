@@ -18,9 +18,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from contracts.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
 from deployments.access.buckets import TokenBucket
 from deployments.access.tenants import Tenant, TenantPolicy, TenantsFile, matches
-from preprocess.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
 
 log = logging.getLogger("textserve.access")
 ANONYMOUS = "anonymous"  # the tenant of every request when no tenants file is configured

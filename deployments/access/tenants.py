@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from preprocess.contracts import Priority
+from contracts.tokenized import Priority
 
 KEY_PREFIX = "ts-"
 ANY_MODEL = "*"

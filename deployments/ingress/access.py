@@ -12,10 +12,10 @@ from contextvars import ContextVar
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from contracts.errors import ServiceError
 from deployments.access.gate import ANONYMOUS, AccessGate, Admission
 from deployments.access.tenants import TenantPolicy
 from deployments.ingress.errors import error_response
-from preprocess.errors import ServiceError
 
 # Open to anyone: load balancers' probes and the API's own description (no data, no model time).
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from contracts.errors import ServiceError
 from deployments.ingress.access import AccessControl
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.errors import handle_http_exception, handle_service_error
-from preprocess.errors import ServiceError
 
 
 def body_doc(schema: type) -> dict[str, Any]:

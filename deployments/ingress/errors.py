@@ -14,8 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deployments.link.client import LinkBroken
-from preprocess.errors import (
+from contracts.errors import (
     AuthenticationError,
     DeadlineExceededError,
     InternalError,
@@ -34,6 +33,7 @@ from preprocess.errors import (
     UnavailableError,
     UnsupportedMediaTypeError,
 )
+from deployments.link.client import LinkBroken
 
 log = logging.getLogger("textserve.errors")
 # The code of the error answered in this request's task; read by the accounting middleware for metrics.

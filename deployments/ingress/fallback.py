@@ -14,8 +14,8 @@ import orjson
 import ormsgpack
 from cachetools import LRUCache
 
-from postprocess.contracts import MSGPACK, ResponseOptions, SerializedResponse
-from preprocess.contracts import TokenizeJob
+from contracts.outputs import MSGPACK, ResponseOptions, SerializedResponse
+from contracts.tokenized import TokenizeJob
 
 DEGRADED_HEADER = "X-Degraded"
 

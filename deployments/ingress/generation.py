@@ -16,14 +16,14 @@ from fastapi import Request
 from ray.serve.handle import DeploymentResponseGenerator
 from starlette.responses import Response, StreamingResponse
 
+from contracts.errors import DeadlineExceededError, ModelExecutionError, ServiceError
+from contracts.outputs import JSON, GenerationDelta
+from contracts.tokenized import GenerationJob
 from deployments.ingress.access import admission
 from deployments.ingress.errors import as_service_error
 from deployments.ingress.retrieval import REQUEST_ID_HEADER, IngressPath
 from deployments.pipeline.card import MODEL
 from postprocess.completions import DONE, CompletionMeta, chunk, completion_body, error_event, usage_chunk
-from postprocess.contracts import JSON, GenerationDelta
-from preprocess.contracts import GenerationJob
-from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError
 from preprocess.generation import ChatCompletionRequest, CompletionRequest
 from preprocess.parsing import TIMEOUT_HEADER, request_timeout
 

@@ -18,8 +18,8 @@ import sys
 from http import HTTPStatus
 from pathlib import Path
 
+from contracts.errors import DeadlineExceededError, ServiceError, UnavailableError
 from deployments.ingress.errors import error_response
-from preprocess.errors import DeadlineExceededError, ServiceError, UnavailableError
 
 DIRECTORY = Path(__file__).resolve().parent / "haproxy"
 LAUNCHER = DIRECTORY / "haproxy"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from contracts.tokenized import TokenizeJob
 from deployments.config import LimitsConfig
 from deployments.pipeline.card import RERANK_ROUTES, LaneCard
-from preprocess.contracts import TokenizeJob
 from preprocess.limits import (
     MAX_CONTEXT_TOKENS,
     MAX_DOCUMENTS,

@@ -14,18 +14,18 @@ from fastapi import Request
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
+from contracts.errors import DeadlineExceededError, ServiceError
+from contracts.outputs import RerankOptions, ResponseOptions
+from contracts.outputs import Route as RouteName
+from contracts.tokenized import TokenizeJob
 from deployments.config import LimitsConfig
 from deployments.ingress.errors import as_service_error
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.observability.tracing import Tracing
 from deployments.pipeline.card import MODEL
 from deployments.user_config import IngressConfig
-from postprocess.contracts import RerankOptions, ResponseOptions
-from postprocess.contracts import Route as RouteName
 from postprocess.payloads import tokenize_payload
 from postprocess.render import negotiate_media_type, render
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import DeadlineExceededError, ServiceError
 from preprocess.parsing import (
     TIMEOUT_HEADER,
     RequestT,

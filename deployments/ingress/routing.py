@@ -12,10 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from contracts.errors import ModelNotFoundError, NotReadyError
 from deployments.config import LimitsConfig
 from deployments.ingress.limits import lane_limits
 from deployments.pipeline.card import LaneCard, ModelCard, model_entries
-from preprocess.errors import ModelNotFoundError, NotReadyError
 
 
 @dataclass(frozen=True, slots=True)

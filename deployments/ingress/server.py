@@ -18,6 +18,17 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
+from contracts.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    NotReadyError,
+    OverloadedError,
+    ServiceError,
+    UnsupportedTaskError,
+)
+from contracts.outputs import ResponseOptions, SerializedResponse
+from contracts.outputs import Route as RouteName
+from contracts.tokenized import TokenizeJob
 from deployments.access.gate import AccessGate
 from deployments.config import RouterArgs, resolve_path
 from deployments.ingress import generation, retrieval
@@ -41,18 +52,7 @@ from deployments.pipeline.card import MODEL, ModelCard
 from deployments.pipeline.request_group import ModelRequest
 from deployments.pipeline.transport import carrying_any_size
 from deployments.user_config import IngressConfig
-from postprocess.contracts import ResponseOptions, SerializedResponse
-from postprocess.contracts import Route as RouteName
 from postprocess.render import negotiate_media_type, render
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import (
-    DeadlineExceededError,
-    InvalidRequestError,
-    NotReadyError,
-    OverloadedError,
-    ServiceError,
-    UnsupportedTaskError,
-)
 from preprocess.generation import ChatCompletionRequest, CompletionRequest
 from preprocess.parsing import (
     TIMEOUT_HEADER,

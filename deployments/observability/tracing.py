@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio, TraceIdRat
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
-from preprocess.contracts import TraceContext
+from contracts.tokenized import TraceContext
 
 STAGES = ("tokenize", "queue_wait", "inference", "serialize")
 

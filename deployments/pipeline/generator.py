@@ -23,6 +23,9 @@ import torch
 from ray import serve
 from tokenizers import Tokenizer
 
+from contracts.errors import DeadlineExceededError, ModelExecutionError, OverloadedError, ServiceError
+from contracts.outputs import GenerationDelta, ModelIdentity
+from contracts.tokenized import GenerationJob
 from deployments.config import GenerationConfig, ObservabilityConfig
 from deployments.observability.generation_metrics import GenerationMetrics
 from deployments.observability.setup import setup_replica
@@ -33,10 +36,7 @@ from deployments.runtime.generate.load import load_causal_lm
 from deployments.runtime.generate.sampling import Sampling
 from deployments.runtime.openmp import on_passing_thread
 from postprocess.completions import FinishReason, Usage
-from postprocess.contracts import GenerationDelta, ModelIdentity
 from postprocess.detokenize import IncrementalDetokenizer, StopMatcher
-from preprocess.contracts import GenerationJob
-from preprocess.errors import DeadlineExceededError, ModelExecutionError, OverloadedError, ServiceError
 from preprocess.generation import GenerationParams, PromptBuilder, generation_params
 
 log = logging.getLogger("textserve.generate")

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from contracts.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
+from contracts.outputs import ModelIdentity, ModelOutput, SparseRows
+from contracts.tokenized import EncodedTexts
 from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelIdentity, ModelOutput, SparseRows
 from postprocess.retrieval import SPARSE_THRESHOLD
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 
 log = logging.getLogger("textserve.groups")
 

@@ -17,6 +17,9 @@ from typing import Any
 import ray
 from ray import serve
 
+from contracts.errors import ServiceError, UnavailableError
+from contracts.outputs import ModelIdentity
+from contracts.tokenized import EncodedTexts
 from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import GpuMonitor, InferenceMetrics
 from deployments.observability.profiling import BatchProfiler
@@ -35,9 +38,6 @@ from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
 from deployments.runtime.cpu_priority import lower_cpu_priority
 from deployments.user_config import BatchingConfig
-from postprocess.contracts import ModelIdentity
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import ServiceError, UnavailableError
 
 log = logging.getLogger("textserve.inference")
 

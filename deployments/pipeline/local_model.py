@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from contracts.tokenized import EncodedTexts
 from deployments.config import RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.tracing import Tracing
@@ -29,7 +30,6 @@ from deployments.runtime.backends import ready_runner
 from deployments.runtime.heap import freeze_loaded_heap
 from deployments.runtime.lone_pass import LonePass
 from deployments.user_config import BatchingConfig
-from preprocess.contracts import EncodedTexts
 
 log = logging.getLogger("textserve.pipeline")
 

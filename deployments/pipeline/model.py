@@ -16,6 +16,9 @@ from typing import Any
 
 from ray import serve
 
+from contracts.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
+from contracts.outputs import ModelIdentity, SerializedResponse
+from contracts.tokenized import EncodedTexts, TokenizeJob
 from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.ingress.errors import as_service_error
 from deployments.link.server import LinkServer
@@ -29,9 +32,6 @@ from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_c
 from deployments.pipeline.transport import carrying_any_size
 from deployments.repository.manifest import ResolvedModel
 from deployments.user_config import PipelineConfig
-from postprocess.contracts import ModelIdentity, SerializedResponse
-from preprocess.contracts import EncodedTexts, TokenizeJob
-from preprocess.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
 from preprocess.tokenize import TokenDetails
 
 READY_TIMEOUT_S = 5.0

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from preprocess.contracts import Priority
+from contracts.tokenized import Priority
 
 PRIORITIES: tuple[Priority, ...] = ("interactive", "batch")  # most urgent first
 

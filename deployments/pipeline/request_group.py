@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
+from contracts.errors import ServiceError
+from contracts.outputs import ResponseOptions
+from contracts.tokenized import TokenizeJob
 from deployments.pipeline.card import Role
 from deployments.pipeline.priority import Priority
-from postprocess.contracts import ResponseOptions
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import ServiceError
 
 
 class Cancellable(Protocol):

@@ -15,13 +15,13 @@ from typing import TypeVar
 
 import numpy as np
 
+from contracts.errors import InternalError, ServiceError
+from contracts.outputs import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
+from contracts.tokenized import EncodedTexts, TokenizeJob, TraceContext
 from deployments.observability.metrics import StageMetrics
 from deployments.observability.tracing import Tracing
 from deployments.repository.manifest import ResolvedModel
-from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
-from preprocess.contracts import EncodedTexts, TokenizeJob, TraceContext
-from preprocess.errors import InternalError, ServiceError
 from preprocess.tokenize import TextTokenizer, TokenDetails, encode_job
 
 log = logging.getLogger("textserve.stages")

@@ -13,14 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ray import serve
 
+from contracts.errors import ServiceError
+from contracts.outputs import ModelOutput, ResponseOptions, SerializedResponse
+from contracts.tokenized import EncodedTexts, TokenizeJob
 from deployments.config import ObservabilityConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.cpu_priority import BulkNice, lower_cpu_priority
-from postprocess.contracts import ModelOutput, ResponseOptions, SerializedResponse
-from preprocess.contracts import EncodedTexts, TokenizeJob
-from preprocess.errors import ServiceError
 
 # A small group is tokenized or serialized on the replica's event loop: a few texts take tens of
 # microseconds, less than the hop to a worker thread and back that Serve makes for a sync method

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from ray import serve
 
-from preprocess.contracts import TokenizeJob
+from contracts.tokenized import TokenizeJob
 from tests.integration.conftest import ServeHarness, deployment_named, routed_model
 from tests.integration.texts import near_limit
 

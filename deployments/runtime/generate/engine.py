@@ -27,11 +27,11 @@ from typing import Literal
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from contracts.tokenized import Priority
 from deployments.config import GenerationConfig
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
 from deployments.runtime.generate.passes import can_pack, decode_step, prefill_pack, prefill_piece
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
-from preprocess.contracts import Priority
 
 log = logging.getLogger("textserve.generate")
 

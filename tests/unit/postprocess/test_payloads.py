@@ -7,7 +7,8 @@ import base64
 import numpy as np
 import pytest
 
-from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions
+from contracts.errors import InvalidRequestError, UnsupportedTaskError
+from contracts.outputs import ModelIdentity, ModelOutput, ResponseOptions
 from postprocess.payloads import (
     classification_rows,
     embeddings_payload,
@@ -16,7 +17,6 @@ from postprocess.payloads import (
     round_floats,
     shorten_embeddings,
 )
-from preprocess.errors import InvalidRequestError, UnsupportedTaskError
 
 MODEL = ModelIdentity(name="all-MiniLM-L6-v2", version="1")
 LABELS = ("negative", "neutral", "positive")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from contracts.errors import InvalidRequestError
 from postprocess.quantize import EMBEDDING_TYPES, calibration_ranges, quantize
-from preprocess.errors import InvalidRequestError
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ import numpy as np
 import orjson
 import pytest
 
-from postprocess.contracts import (
+from contracts.errors import UnsupportedTaskError
+from contracts.outputs import (
     JSON,
     MSGPACK,
     ModelIdentity,
@@ -19,7 +20,6 @@ from postprocess.contracts import (
     SerializedResponse,
 )
 from postprocess.render import negotiate_media_type, render, serialize
-from preprocess.errors import UnsupportedTaskError
 
 MODEL = ModelIdentity(name="all-MiniLM-L6-v2", version="7")
 LABELS = ("negative", "positive")

@@ -8,10 +8,10 @@ import numpy as np
 import orjson
 import pytest
 
-from postprocess.contracts import ModelIdentity, ModelOutput, RerankOptions, ResponseOptions, SparseRows
+from contracts.errors import InvalidRequestError, UnsupportedTaskError
+from contracts.outputs import ModelIdentity, ModelOutput, RerankOptions, ResponseOptions, SparseRows
 from postprocess.render import serialize
 from postprocess.retrieval import ranked, rerank_scores, sparse_payload
-from preprocess.errors import InvalidRequestError, UnsupportedTaskError
 
 ID = ModelIdentity("m", "1")
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import InputTooLongError, InvalidJSONError, InvalidRequestError
+from contracts.errors import InputTooLongError, InvalidJSONError, InvalidRequestError
+from contracts.tokenized import EncodedTexts
 from preprocess.parsing import parse_body
 from preprocess.schemas import EmbeddingsRequest, PredictRequest
 from tests.unit.preprocess.conftest import MAX_TOKENS

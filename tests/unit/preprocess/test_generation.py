@@ -9,7 +9,7 @@ import orjson
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from preprocess.errors import InputTooLongError, InvalidRequestError, UnsupportedTaskError
+from contracts.errors import InputTooLongError, InvalidRequestError, UnsupportedTaskError
 from preprocess.generation import (
     ChatCompletionRequest,
     CompletionRequest,

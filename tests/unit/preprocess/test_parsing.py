@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from preprocess.errors import (
+from contracts.errors import (
     InvalidJSONError,
     InvalidRequestError,
     ModelNotFoundError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from preprocess.errors import InvalidRequestError
+from contracts.errors import InvalidRequestError
 from preprocess.prompts import rerank_job, resolve_prompt, role_prompt
 
 PROMPTS = {"query": "query: ", "document": "passage: "}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import InputTooLongError, InvalidRequestError
+from contracts.errors import InputTooLongError, InvalidRequestError
+from contracts.tokenized import EncodedTexts
 from preprocess.tokenize import TextTokenizer, pad_token_id
 from tests.unit.preprocess.conftest import MAX_TOKENS, TOKENIZER_FILE
 

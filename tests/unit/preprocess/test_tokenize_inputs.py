@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import InputTooLongError, InvalidRequestError
+from contracts.errors import InputTooLongError, InvalidRequestError
+from contracts.tokenized import TokenizeJob
 from preprocess.tokenize import encode_job, sep_token_id
 from tests.unit.preprocess.conftest import MAX_TOKENS, TOKENIZER_FILE
 

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from contracts.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
 from deployments.access.buckets import TokenBucket
 from deployments.access.gate import ANONYMOUS, AccessGate
 from deployments.tools import keys
-from preprocess.errors import AuthenticationError, PermissionDeniedError, RateLimitedError
 
 
 def _bearer(key: str) -> str:

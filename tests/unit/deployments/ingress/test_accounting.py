@@ -9,10 +9,10 @@ from typing import Any
 
 from starlette.responses import Response
 
+from contracts.errors import DeadlineExceededError, OverloadedError, PayloadTooLargeError
 from deployments.ingress.accounting import CLIENT_CLOSED, RequestAccounting, route_of
 from deployments.ingress.errors import error_response
 from deployments.observability.metrics import rejected_reason
-from preprocess.errors import DeadlineExceededError, OverloadedError, PayloadTooLargeError
 
 
 class Recorder:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import ormsgpack
 
+from contracts.outputs import JSON, MSGPACK, ResponseOptions, SerializedResponse
+from contracts.tokenized import TokenizeJob
 from deployments.ingress.fallback import FallbackCache, cache_key, mark_degraded
-from postprocess.contracts import JSON, MSGPACK, ResponseOptions, SerializedResponse
-from preprocess.contracts import TokenizeJob
 
 OPTS = ResponseOptions(route="embeddings")
 

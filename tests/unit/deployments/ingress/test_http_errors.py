@@ -11,6 +11,7 @@ import pytest
 from ray.exceptions import RayTaskError
 from starlette.exceptions import HTTPException
 
+from contracts import errors as E
 from deployments.ingress.errors import (
     as_service_error,
     error_response,
@@ -18,7 +19,6 @@ from deployments.ingress.errors import (
     handle_service_error,
     status_of,
 )
-from preprocess import errors as E
 
 ALL_ERRORS = [
     E.ServiceError,
@@ -229,7 +229,7 @@ def _dead_replica_errors() -> list[Exception]:
 
 @pytest.mark.parametrize("exc", _dead_replica_errors(), ids=["died", "unavailable", "wrapped", "chained"])
 def test_dead_replica_is_a_retryable_503(exc):
-    from preprocess.errors import UnavailableError
+    from contracts.errors import UnavailableError
 
     err = as_service_error(exc)
     assert isinstance(err, UnavailableError)

@@ -13,6 +13,8 @@ import orjson
 import pytest
 from openai import OpenAI
 
+from contracts.errors import PayloadTooLargeError, ServiceError, TooManyInputsError
+from contracts.tokenized import TokenizeJob
 from deployments.config import LimitsConfig
 from deployments.ingress import retrieval
 from deployments.ingress.errors import error_response, status_of
@@ -20,8 +22,6 @@ from deployments.ingress.limits import check_job_size, lane_limits
 from deployments.ingress.routing import ModelRouter, Route
 from deployments.ingress.server import Ingress
 from deployments.pipeline.card import LaneCard, ModelCard
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import PayloadTooLargeError, ServiceError, TooManyInputsError
 from preprocess.parsing import parse_body
 
 INGRESS = Ingress.func_or_class  # the class behind Serve's deployment: its handlers as plain methods

@@ -22,9 +22,9 @@ from ray.serve._private.serialization import RPCSerializer
 from ray.serve.config import BackpressureConfig
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
+from contracts.errors import InternalError, OverloadedError, UnavailableError
 from deployments.ingress.errors import as_service_error, error_response
 from deployments.link.client import LinkBroken
-from preprocess.errors import InternalError, OverloadedError, UnavailableError
 
 
 def _back_pressure(config: BackpressureConfig | None = None) -> BackPressureError:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.errors import ModelNotFoundError, NotReadyError
 from deployments.config import LimitsConfig
 from deployments.ingress.routing import ModelRouter
 from deployments.pipeline.card import LaneCard, ModelCard, Role, model_entries
-from preprocess.errors import ModelNotFoundError, NotReadyError
 
 
 def _lane(version: str, role: Role = "stable", share: float = 1.0, task: str = "embed") -> LaneCard:

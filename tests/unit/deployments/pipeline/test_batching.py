@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from contracts.errors import InputTooLongError
+from contracts.tokenized import EncodedTexts
 from deployments.pipeline.batching import (
     AdaptiveBatchCap,
     AdaptiveWaitWindow,
@@ -14,8 +16,6 @@ from deployments.pipeline.batching import (
     plan_micro_batches,
 )
 from deployments.pipeline.inference import QueuedGroup, _ReplicaLimits, batch_size
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import InputTooLongError
 
 
 def _encoded(*lengths: int) -> EncodedTexts:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from contracts.errors import InputTooLongError, ModelExecutionError, UnavailableError
+from contracts.outputs import ModelIdentity, ModelOutput, SparseRows
+from contracts.tokenized import EncodedTexts
 from deployments.ingress.errors import status_of
 from deployments.pipeline.batching import BatchLimits
 from deployments.pipeline.group_runner import OutputMaker, run_groups
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelIdentity, ModelOutput, SparseRows
-from preprocess.contracts import EncodedTexts
-from preprocess.errors import InputTooLongError, ModelExecutionError, UnavailableError
 
 POISON = 666
 
@@ -94,7 +94,7 @@ def test_groups_of_only_errors_run_nothing(default_model):
 def test_expired_requests_are_dropped_before_the_model(default_model):
     import dataclasses
 
-    from preprocess.errors import DeadlineExceededError
+    from contracts.errors import DeadlineExceededError
 
     runner = PoisonRunner(default_model)
     expired = dataclasses.replace(_request(POISON), deadline=1.0)  # long past: never reaches the model

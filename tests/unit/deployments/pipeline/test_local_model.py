@@ -15,6 +15,9 @@ from typing import Any, Literal
 import numpy as np
 import pytest
 
+from contracts.errors import ModelExecutionError, ServiceError
+from contracts.outputs import ModelOutput
+from contracts.tokenized import TokenizeJob
 from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import BatchMetrics
 from deployments.observability.setup import setup_replica
@@ -26,9 +29,6 @@ from deployments.repository.resolve import resolve_model
 from deployments.runtime import heap, lone_pass
 from deployments.runtime.lone_torch import SharedForward
 from deployments.runtime.runner_base import BatchRunner
-from postprocess.contracts import ModelOutput
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import ModelExecutionError, ServiceError
 
 
 def _local(

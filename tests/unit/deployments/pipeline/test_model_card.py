@@ -7,13 +7,13 @@ import dataclasses
 
 import pytest
 
+from contracts.errors import InvalidRequestError, UnavailableError
+from contracts.tokenized import TokenizeJob
 from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
 from deployments.pipeline.inference import InferenceDeployment
 from deployments.pipeline.model import ModelDeployment, ServedVersion
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import resolve_model
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import InvalidRequestError, UnavailableError
 from preprocess.tokenize import TextTokenizer
 from tests.support.models import build_classifier
 
@@ -57,9 +57,9 @@ def test_card_share_is_validated(versions):
 
 def test_a_version_the_pipeline_no_longer_serves_is_a_404(versions):
     """The router's card can predate a rollout by a second: a pin to a version gone is answered, not lost."""
+    from contracts.errors import ModelNotFoundError
+    from contracts.outputs import ResponseOptions
     from deployments.pipeline.request_group import PipelineJob
-    from postprocess.contracts import ResponseOptions
-    from preprocess.errors import ModelNotFoundError
 
     deployment = _card_deployment(versions[:1])
     jobs = [PipelineJob(TokenizeJob(["x"]), ResponseOptions(route="predict"), version="9")]
@@ -80,8 +80,8 @@ def test_a_version_the_pipeline_no_longer_serves_is_a_404(versions):
 def test_an_unpinned_request_follows_its_role_across_a_rollout(
     tmp_path_factory, served, card_version, role, pinned, expected
 ):
+    from contracts.outputs import ResponseOptions
     from deployments.pipeline.request_group import ModelRequest
-    from postprocess.contracts import ResponseOptions
 
     repo = tmp_path_factory.mktemp("roll")
     base = ModelConfig(repository=str(repo), name="tiny-sentiment", task="classify", precision="fp32")

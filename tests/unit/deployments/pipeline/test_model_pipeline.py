@@ -13,6 +13,9 @@ import numpy as np
 import orjson
 import pytest
 
+from contracts.errors import InputTooLongError, ServiceError
+from contracts.outputs import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
+from contracts.tokenized import EncodedTexts, Priority, TokenizeJob
 from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.batching import BatchLimits
@@ -24,9 +27,6 @@ from deployments.pipeline.stage_work import SerializeWork, TokenizeWork
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.backends import create_runner
 from deployments.user_config import PipelineConfig
-from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
-from preprocess.contracts import EncodedTexts, Priority, TokenizeJob
-from preprocess.errors import InputTooLongError, ServiceError
 
 
 class _Call:

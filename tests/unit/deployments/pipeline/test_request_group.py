@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from contracts.errors import DeadlineExceededError
+from contracts.outputs import ResponseOptions
+from contracts.tokenized import TokenizeJob
 from deployments.pipeline.request_group import PipelineJob, RequestGroup
-from postprocess.contracts import ResponseOptions
-from preprocess.contracts import TokenizeJob
-from preprocess.errors import DeadlineExceededError
 
 GONE = DeadlineExceededError("gone")
 

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contracts.errors import InputTooLongError, ServiceError
+from contracts.outputs import ModelIdentity, ModelOutput, ResponseOptions
+from contracts.tokenized import EncodedTexts, TokenizeJob
 from deployments.config import ObservabilityConfig
 from deployments.pipeline import stages
 from deployments.repository.manifest import ResolvedModel
-from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions
-from preprocess.contracts import EncodedTexts, TokenizeJob
-from preprocess.errors import InputTooLongError, ServiceError
 
 SENTENCE = "The quick brown fox jumps over the lazy dog near the river bank. "
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contracts.outputs import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from deployments.pipeline import transport
 from deployments.pipeline.transport import NEEDED_BYTES, carrying_any_size, grpc_limit
-from postprocess.contracts import ModelIdentity, ModelOutput, ResponseOptions, SerializedResponse
 from postprocess.render import serialize
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from contracts.outputs import SparseRows
 from deployments.config import ModelConfig
 from deployments.pipeline.group_runner import OutputMaker
 from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
-from postprocess.contracts import SparseRows
 from postprocess.retrieval import rerank_scores
 from preprocess.prompts import rerank_job
 from preprocess.tokenize import TextTokenizer, encode_job
@@ -85,7 +85,7 @@ def test_cross_encoder_uses_segment_ids(repo: Path):
 def test_prompts_equal_sentence_transformers_encode_prompt_name(repo: Path, prompt_name: str):
     from sentence_transformers import SentenceTransformer
 
-    from preprocess.contracts import TokenizeJob
+    from contracts.tokenized import TokenizeJob
 
     model = _model(repo, "embed")
     prompt = model.manifest.prompts[prompt_name]
@@ -101,7 +101,7 @@ def test_splade_weights_equal_sparse_encoder(repo: Path):
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
-    from preprocess.contracts import TokenizeJob
+    from contracts.tokenized import TokenizeJob
 
     model = _model(repo, "sparse_embed")
     got = _outputs(model, TokenizeJob(DOCS)).values

@@ -7,9 +7,8 @@ from typing import Literal
 
 import numpy as np
 
-from postprocess.completions import FinishReason, Usage
-from preprocess.contracts import TraceContext
-from preprocess.errors import ServiceError
+from contracts.errors import ServiceError
+from contracts.tokenized import TraceContext
 
 Task = Literal["embed", "classify", "rerank", "sparse_embed"]
 Route = Literal["embeddings", "predict", "rerank", "rerank_tei", "cohere_embed", "embed_sparse"]
@@ -127,6 +126,26 @@ class SerializedResponse:
     media_type: MediaType
     model_version: str
     input_tokens: int = 0  # what the model read for it: charged to the tenant's tokens/min
+
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
 
 
 @dataclass(frozen=True, slots=True)

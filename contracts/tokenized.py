@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from preprocess.generation import GenerationRequest
+if TYPE_CHECKING:  # an annotation only: the parsed body's type lives with its parser
+    from preprocess.generation import GenerationRequest
+
 
 # A tenant's class (its policy in the tenants file): interactive work is batched ahead of bulk work.
 Priority = Literal["interactive", "batch"]
