@@ -38,17 +38,15 @@ def build_model(args: dict[str, Any]) -> Application:
         config.model.task == "generate"
     ):  # one deployment: prompt, engine and detokenizer (pipeline/generator.py)
         model = resolve_model(config.model, hash_files=config.runtime.verify_checksums)
-        return GeneratorDeployment.bind(model, config.model.device, config.generation, obs)
+        return GeneratorDeployment.bind(model, config.model.device, config.generation, obs, config.runtime)
     versions = []
     for role, model_config in zip(ROLES, config.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)
         prefix = ROLE_PREFIX[role]
-        tokenizer = TokenizerDeployment.options(name=prefix + TOKENIZER).bind(
-            model, obs, config.runtime.bulk_nice
-        )
+        tokenizer = TokenizerDeployment.options(name=prefix + TOKENIZER).bind(model, obs)
         inference = InferenceDeployment.options(name=prefix + INFERENCE).bind(
             model, model_config.device, config.runtime, obs
         )
         versions.append(ServedVersion(model=model, tokenizer=tokenizer, inference=inference))
-    serializer = SerializerDeployment.bind(obs, [v.model for v in versions], config.runtime.bulk_nice)
-    return ModelDeployment.bind(versions, serializer, obs, config.runtime)
+    serializer = SerializerDeployment.bind(obs, [v.model for v in versions])
+    return ModelDeployment.bind(versions, serializer, obs)

@@ -7,7 +7,7 @@ the ``user_config`` blocks, tunable at run time, are in ``deployments/user_confi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -109,10 +109,15 @@ class ProfilerConfig(_Frozen):
 class RuntimeConfig(_Frozen):
     cuda_alloc_conf: str | None = Field(
         default="expandable_segments:True",
-        description="PYTORCH_CUDA_ALLOC_CONF for inference replicas, set before CUDA initializes.",
+        description="PYTORCH_CUDA_ALLOC_CONF for the replicas that run a model (an encoder's Inference, a "
+        "generate model's Model), set before CUDA initializes; a value already in the environment wins.",
     )
     cuda_cache_release_fraction: float = Field(
-        default=0.9, gt=0.0, le=1.0, description="Release the allocator cache only above this reserved share."
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Release the CUDA allocator's cache (after a batch, or a generate model's decode step) "
+        "only while it holds more than this share of the GPU's memory.",
     )
     verify_checksums: bool = Field(
         default=True, description="Check weight files against the manifest's sha256 sums at start."
@@ -120,58 +125,24 @@ class RuntimeConfig(_Frozen):
     intra_op_threads: int | None = Field(
         default=1,
         ge=1,
-        description="Intra-op threads per forward pass (torch or ONNX Runtime); null: the backend's default. "
-        "One per pass, with parallel_passes passes at once, never waits on a core another process took.",
+        description="Intra-op threads per forward pass (torch or ONNX Runtime); null: the backend's default "
+        "(every core the process sees). Keep intra_op_threads x parallel_passes at most the replica's cores; "
+        "on a GPU it only sets the CPU threads around the passes.",
     )
     parallel_passes: int = Field(
         default=2,
         ge=1,
         le=16,
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
-        "into at least this many length-sorted passes). CPU: with intra_op_threads 1, one per core.",
+        "into at least this many length-sorted passes). On a CPU, set it to the replica's cores with "
+        "intra_op_threads 1 for throughput, or 1 with more threads for the latency of single large texts; "
+        "on a GPU, 1.",
     )
     torch_graph: Literal["eager", "trace"] = Field(
         default="trace",
         description="torch backend: trace runs the model as one TorchScript graph (no Python between "
         "operators, checked against eager at start; the replica refuses to start on a mismatch); eager: "
         "the Hugging Face module as is. Ignored by the onnx backend.",
-    )
-    small_groups_in_pipeline: bool = Field(
-        default=True,
-        description="CPU only: the Model (pipeline) replica loads its own copy of the model and runs groups "
-        "of at most inline_chars characters itself, one Ray hop fewer (single texts, one client: 39.7 -> "
-        "45.9 req/s). Costs the model's memory once more. Ignored when the model runs on a GPU.",
-    )
-    lone_pass: Literal["auto", "onnx", "off"] = Field(
-        default="auto",
-        description="CPU copy (small_groups_in_pipeline) only: a group that runs while no other does "
-        "takes both cores, on ONNX Runtime over the version's fp32 export in <version>/onnx/ with its "
-        "threads pinned (deployments/runtime/lone_pass.py), where the replica may use exactly 2 CPUs "
-        "and the export's manifest and outputs agree with the copy's (checked at load; else one thread, "
-        "logged). auto: also the copy's torch graph on the same two pinned threads, for the lengths where "
-        "it was faster at load (runtime/lone_torch.py; needs GOMP_SPINCOUNT <= 100000); onnx: ONNX Runtime "
-        "only. Light load on 2 cores: docs/architecture.md, A lone pass on both cores.",
-    )
-    lone_pass_max_overlap: float = Field(
-        default=0.25,
-        ge=0.0,
-        le=1.0,
-        description="While at most this share of recent groups arrived while another ran in the copy, "
-        "groups run on the lone pass one after another (a group that forms during one waits for it); "
-        "above it, beside each other on one thread each (a lone pass beside another group slows both: "
-        "three threads on two cores). 1: always the lone pass; 0: only while no recent group overlapped.",
-    )
-    bulk_nice: Annotated[int, Field(ge=0, le=19)] | Literal["idle"] = Field(
-        default=0,
-        description="The OS CPU priority of the replicas that only see large groups: Tokenizer and "
-        "Serializer (groups over inline_chars), and on a CPU with small_groups_in_pipeline Inference too. "
-        "The Model replica does the small (interactive) groups' work itself, so under contention it gets the "
-        "cores first; alone, those replicas run at full speed. A niceness (Ray starts its workers at 15: "
-        "only 16-19 change anything; 19: about 30 % of a shared core against the Model replica's 70 %), or "
-        "idle: Linux's SCHED_IDLE class, a core only when nothing else wants it (interactive p99 1.21x idle "
-        "under a saturating bulk tenant, bulk at 103 %: docs/benchmarks.md, Priorities). Off by default: a "
-        "large request of any tenant also yields to Ray's own processes (at 19 a 256-text request ran past "
-        "its 30 s deadline in the test session); for CPU deployments that share cores with bulk tenants.",
     )
     torch_profiler: ProfilerConfig = ProfilerConfig()
 

@@ -20,11 +20,19 @@ class BatchingConfig(_Frozen):
         ge=1,
         description="Padded tokens per batch (longest x count); a longer item runs alone.",
     )
-    # Per forward pass. On CPU, small passes win (cache-resident activations): measured here 320 seq/s
-    # at 512 padded tokens vs 160 seq/s at 32 x longest; on a GPU, raise both.
-    micro_batch_size: int = Field(default=32, ge=1, le=4096, description="Sequences per forward pass.")
-    # 256 on 2 CPU cores: 8 single texts 24 vs 30 ms at 512, 64 texts 138 vs 148 ms (docs/benchmarks.md).
-    micro_batch_tokens: int = Field(default=256, ge=1, description="Padded tokens per forward pass.")
+    # Per forward pass: on a CPU small passes win (their activations stay in cache); a GPU wants large ones.
+    micro_batch_size: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="Sequences per forward pass; on a GPU, raise it with max_batch_size.",
+    )
+    micro_batch_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="Padded tokens per forward pass (a longer sequence runs alone); on a GPU raise it to "
+        "max_batch_tokens, on a CPU keep passes small.",
+    )
     # A maximum wait for the first request of a batch: a full batch leaves at once.
     batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
     adaptive_wait: bool = Field(
@@ -58,10 +66,10 @@ class IngressConfig(_Frozen):
         description="LRU of recent answers served, marked degraded, when the model path "
         "fails or times out; 0 turns it off.",
     )
-    # The link (deployments/link/) saves Serve's handle hop, 2-3 ms of a 15-20 ms light request: one
-    # client +26 %, p50 at 20 req/s -3.5 ms (docs/architecture.md). Past the cap the handle's replica choice
-    # and queue bounds take over; and for a model with a replica on another node the handle takes every
-    # request (deployments/link/client.py), so one node's replica is not the only one loaded.
+    # The link (deployments/link/) saves Serve's handle hop for a pipeline replica on the router's node.
+    # Past the cap the handle's replica choice and queue bounds take over; and for a model with a replica on
+    # another node the handle takes every request (deployments/link/client.py), so one node's replica is not
+    # the only one loaded.
     local_link_max_in_flight: int = Field(
         default=64,
         ge=0,
@@ -98,18 +106,17 @@ class PipelineConfig(_Frozen):
         le=1.0,
         description="Share of requests that name no version sent to the candidate version (canary).",
     )
-    # A group this small is tokenized and serialized by the pipeline replica itself (and, for a CPU model,
-    # run on its copy): the hops to the stage replicas cost more than the work. 8192 (about 45 corpus texts,
-    # or one 32-text request) rather than 2048: under open-loop load a backlog of a few longer texts passed
-    # 2048, took the three hops and made the tail; A/B, two rounds: p99 at 30/60 req/s 34/41 and 30/39 ms
-    # against 50/47 and 36/44, 32-text requests 389 against 358-363 seq/s (docs/architecture.md). Larger
-    # groups (several 32-text requests, bulk) still go to the stages, which work beside the pipeline.
+    # The one size-based shortcut (docs/architecture.md, "Paths"): a small group's tokenizing and serializing
+    # cost less than the two hops to the stage replicas. Larger groups (bulk) go to the stages, which work
+    # beside the pipeline. Its inference runs in Inference either way.
     inline_chars: int = Field(
         default=8192,
         ge=0,
         le=1_000_000,
-        description="Groups with at most this many characters skip the Tokenizer and Serializer "
-        "deployments (0: every group goes through them).",
+        description="Groups with at most this many characters are tokenized and serialized in the Model "
+        "replica itself, skipping the Tokenizer and Serializer deployments (0: every group goes through "
+        "them). Lower it when the Model replica's CPU is the bottleneck; raise it when the stages' hops show "
+        "in the latency of mid-sized requests.",
     )
     float_decimals: int | None = Field(
         default=6, ge=0, le=9, description="Round JSON floats to this many decimals; null keeps all."

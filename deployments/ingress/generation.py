@@ -20,9 +20,10 @@ from contracts.errors import DeadlineExceededError, ModelExecutionError, Service
 from contracts.outputs import JSON, GenerationDelta
 from contracts.tokenized import GenerationJob
 from deployments.ingress.access import admission
-from deployments.ingress.errors import as_service_error
-from deployments.ingress.retrieval import REQUEST_ID_HEADER, IngressPath
+from deployments.ingress.path import IngressPath
+from deployments.ingress.retrieval import REQUEST_ID_HEADER
 from deployments.pipeline.card import MODEL
+from deployments.pipeline.remote_errors import as_service_error
 from postprocess.completions import DONE, CompletionMeta, chunk, completion_body, error_event, usage_chunk
 from preprocess.generation import ChatCompletionRequest, CompletionRequest
 from preprocess.parsing import TIMEOUT_HEADER, request_timeout
@@ -34,15 +35,15 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 async def completions(ingress: IngressPath, request: Request, chat: bool) -> Response:
     schema = ChatCompletionRequest if chat else CompletionRequest
-    body = await ingress._body(request, schema)
-    route = ingress._route(body.model, "/v1/chat/completions" if chat else "/v1/completions")
-    timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress._config.request_timeout_s)
+    body = await ingress.parse_body(request, schema)
+    route = ingress.route_for(body.model, "/v1/chat/completions" if chat else "/v1/completions")
+    timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress.config.request_timeout_s)
     deadline = time.time() + timeout
     priority = admission().policy.priority
     job = GenerationJob(body, deadline, request.headers.get(REQUEST_ID_HEADER, ""), priority)
     meta = CompletionMeta.new(route.model, chat)
     headers = {"X-Model-Version": route.lane.version}
-    handle = ingress._handle(route.model, MODEL)
+    handle = ingress.handle(route.model, MODEL)
     if not body.stream:
         call = handle.complete.remote(job)
         result: GenerationDelta = await _within(call, deadline, call.cancel)
@@ -50,7 +51,7 @@ async def completions(ingress: IngressPath, request: Request, chat: bool) -> Res
             raise result.error
         if result.finish_reason is None or result.usage is None:
             raise ModelExecutionError("the generation ended without a finish")
-        ingress._charge(result.usage.prompt_tokens)
+        ingress.charge(result.usage.prompt_tokens)
         payload = completion_body(meta, result.text, result.finish_reason, result.usage)
         return Response(payload, media_type=JSON, headers=headers)
     stream: DeploymentResponseGenerator = handle.options(stream=True).generate.remote(job)
@@ -62,7 +63,7 @@ async def completions(ingress: IngressPath, request: Request, chat: bool) -> Res
         stream.cancel()
         raise first.error
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(meta, first, stream, deadline, include_usage, ingress._charge)
+    events = _events(meta, first, stream, deadline, include_usage, ingress.charge)
     return StreamingResponse(events, media_type="text/event-stream", headers=headers | SSE_HEADERS)
 
 

@@ -1,34 +1,27 @@
 """The retrieval routes of the ingress: Cohere's embed, rerank (Cohere v2 / Jina and TEI's shape), TEI's
 sparse embeddings and ``/tokenize``. Each parses its body, checks the model's task and options against
 its card, builds the request's ``TokenizeJob`` and ``ResponseOptions``, and hands them to the ingress's
-one request path (``Ingress._run``): the same admission, deadline, tracing, errors and metrics as
+one request path (``IngressPath.run_encoder``): the same admission, deadline, tracing, errors and metrics as
 ``/v1/embeddings``.
 """
 
 # No `from __future__ import annotations`: FastAPI must see real annotations (Request) on the methods.
 import asyncio
 import time
-from typing import Any, Protocol
 
 from fastapi import Request
-from ray.serve.handle import DeploymentHandle
 from starlette.responses import Response
 
 from contracts.errors import DeadlineExceededError, ServiceError
-from contracts.outputs import RerankOptions, ResponseOptions
-from contracts.outputs import Route as RouteName
+from contracts.outputs import RerankOptions
 from contracts.tokenized import TokenizeJob
-from deployments.config import LimitsConfig
-from deployments.ingress.errors import as_service_error
-from deployments.ingress.routing import ModelRouter, Route
-from deployments.observability.tracing import Tracing
+from deployments.ingress.path import IngressPath
 from deployments.pipeline.card import MODEL
-from deployments.user_config import IngressConfig
+from deployments.pipeline.remote_errors import as_service_error
 from postprocess.payloads import tokenize_payload
 from postprocess.render import negotiate_media_type, render
 from preprocess.parsing import (
     TIMEOUT_HEADER,
-    RequestT,
     check_dimensions,
     check_embedding_types,
     check_input_count,
@@ -46,37 +39,11 @@ from preprocess.schemas import (
 REQUEST_ID_HEADER = "x-request-id"  # set by Serve's proxy when the client sends none
 
 
-class IngressPath(Protocol):
-    """What the retrieval routes use of the ``Ingress`` deployment: its router, limits and config, and its
-    one request path."""
-
-    _router: ModelRouter
-    _limits: LimitsConfig
-    _config: IngressConfig
-    _tracing: Tracing
-
-    def _handle(self, app: str, deployment: str) -> DeploymentHandle: ...
-
-    async def _body(self, request: Request, schema: type[RequestT]) -> RequestT: ...
-
-    def _route(self, model: str | None, path: str) -> Route: ...
-
-    def _authorize(self, model: str) -> None: ...
-
-    def _charge(self, input_tokens: int) -> None: ...
-
-    def _options(self, request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions: ...
-
-    async def _run(
-        self, request: Request, route: Route, job: TokenizeJob, options: ResponseOptions
-    ) -> Response: ...
-
-
 async def cohere_embed(ingress: IngressPath, request: Request) -> Response:
     """Cohere's embed (v2): ``texts``, ``input_type``, ``embedding_types`` (float, int8, uint8, binary,
     ubinary), ``truncate`` (END or NONE), ``max_tokens``, ``output_dimension``."""
-    body = await ingress._body(request, CohereEmbedRequest)
-    route = ingress._route(body.model, "/v2/embed")
+    body = await ingress.parse_body(request, CohereEmbedRequest)
+    route = ingress.route_for(body.model, "/v2/embed")
     lane = route.lane
     check_dimensions(
         body.output_dimension, lane.dimension or 0, lane.matryoshka_dimensions, "output_dimension"
@@ -92,17 +59,17 @@ async def cohere_embed(ingress: IngressPath, request: Request) -> Response:
         field="texts",
         truncate_hint='"truncate": "END"',
     )
-    options = ingress._options(
+    options = ingress.response_options(
         request, route, "cohere_embed", dimensions=body.output_dimension, embedding_types=types
     )
-    return await ingress._run(request, route, job, options)
+    return await ingress.run_encoder(request, route, job, options)
 
 
 async def rerank(ingress: IngressPath, request: Request, path: str) -> Response:
     """Cohere v2 / Jina rerank: documents by relevance to the query, best first. A cross-encoder scores
     (query, document) pairs; an embedding model, their cosine."""
-    body = await ingress._body(request, RerankRequest)
-    route = ingress._route(body.model, path)
+    body = await ingress.parse_body(request, RerankRequest)
+    route = ingress.route_for(body.model, path)
     docs = tuple(body.documents) if body.return_documents else None
     job = rerank_job(
         route.lane.task,
@@ -112,47 +79,49 @@ async def rerank(ingress: IngressPath, request: Request, path: str) -> Response:
         True,
         body.max_tokens_per_doc,
     )
-    options = ingress._options(request, route, "rerank", rerank=RerankOptions(body.top_n, docs))
-    return await ingress._run(request, route, job, options)
+    options = ingress.response_options(request, route, "rerank", rerank=RerankOptions(body.top_n, docs))
+    return await ingress.run_encoder(request, route, job, options)
 
 
 async def rerank_tei(ingress: IngressPath, request: Request) -> Response:
     """TEI's rerank: a list of ``{index, score, text?}``, best first."""
-    body = await ingress._body(request, TeiRerankRequest)
-    route = ingress._route(body.model, "/rerank")
+    body = await ingress.parse_body(request, TeiRerankRequest)
+    route = ingress.route_for(body.model, "/rerank")
     docs = tuple(body.texts) if body.return_text else None
     lane = route.lane
     job = rerank_job(lane.task, lane.prompt_table, body.query, body.texts, body.truncate, None, "texts")
     rerank = RerankOptions(documents=docs, raw_scores=body.raw_scores)
-    return await ingress._run(
-        request, route, job, ingress._options(request, route, "rerank_tei", rerank=rerank)
+    return await ingress.run_encoder(
+        request, route, job, ingress.response_options(request, route, "rerank_tei", rerank=rerank)
     )
 
 
 async def embed_sparse(ingress: IngressPath, request: Request) -> Response:
     """TEI's sparse embeddings (SPLADE models): per input, ``{index, value}`` of its non-zero weights."""
-    body = await ingress._body(request, SparseEmbedRequest)
-    route = ingress._route(body.model, "/embed_sparse")
+    body = await ingress.parse_body(request, SparseEmbedRequest)
+    route = ingress.route_for(body.model, "/embed_sparse")
     lane = route.lane
     prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, prompt_name=body.prompt_name)
     job = TokenizeJob(body.texts, body.truncate, prompt=prompt, field="inputs")
-    return await ingress._run(request, route, job, ingress._options(request, route, "embed_sparse"))
+    return await ingress.run_encoder(
+        request, route, job, ingress.response_options(request, route, "embed_sparse")
+    )
 
 
 async def tokenize(ingress: IngressPath, request: Request) -> Response:
     """The served model's tokenizer (with its prompt): ids, counts and, optionally, character offsets
     into ``prompt + text`` per input."""
-    body = await ingress._body(request, TokenizeRequest)
-    route = ingress._router.route(body.model)
-    ingress._authorize(route.model)
+    body = await ingress.parse_body(request, TokenizeRequest)
+    route = ingress.router.route(body.model)
+    ingress.authorize(route.model)
     lane = route.lane
-    check_input_count(len(body.texts), ingress._limits.max_inputs_per_request)
+    check_input_count(len(body.texts), ingress.limits.max_inputs_per_request)
     prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)
     job = TokenizeJob(body.texts, body.truncate, prompt=prompt)
-    trace = ingress._tracing.start_request(request.headers.get(REQUEST_ID_HEADER, ""))
+    trace = ingress.tracing.start_request(request.headers.get(REQUEST_ID_HEADER, ""))
     start_ns = time.time_ns()
-    timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress._config.request_timeout_s)
-    call = ingress._handle(route.model, MODEL).tokenize.remote(job, lane.version)
+    timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), ingress.config.request_timeout_s)
+    call = ingress.handle(route.model, MODEL).tokenize.remote(job, lane.version)
     try:
         result = await asyncio.wait_for(call, timeout)
     except asyncio.TimeoutError:
@@ -163,7 +132,7 @@ async def tokenize(ingress: IngressPath, request: Request) -> Response:
     finally:
         if trace is not None:
             attributes = {"model": route.model, "version": lane.version, "route": "tokenize"}
-            ingress._tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
+            ingress.tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
     if isinstance(result, ServiceError):
         raise result
     payload = tokenize_payload(route.model, lane.version, prompt, result, body.return_offsets)

@@ -100,26 +100,26 @@ log = logging.getLogger("textserve.ingress")
 @serve.ingress(api)
 class Ingress:
     async def __init__(self, args: RouterArgs) -> None:
-        self._tracing = setup_replica(args.observability)
+        self.tracing = setup_replica(args.observability)
         RequestAccounting.access_log = args.observability.access_log
-        self._router = ModelRouter(args.models, args.default)
-        self._limits = args.limits
+        self.router = ModelRouter(args.models, args.default)
+        self.limits = args.limits
         keys_file = args.auth.keys_file
         self._gate = AccessGate(resolve_path(keys_file) if keys_file else None)
         self._auth = args.auth
         AccessControl.gate = self._gate
-        self._config = IngressConfig()
+        self.config = IngressConfig()
         self._in_flight = 0
         self._handles: dict[tuple[str, str], DeploymentHandle] = {}
-        self._link = LinkClient(this_node_dir(), self._config.local_link_max_in_flight)
+        self._link = LinkClient(this_node_dir(), self.config.local_link_max_in_flight)
         self._fallback_bytes = 0.0
         self._fallback = FallbackCache(0)
         self.reconfigure({})  # the defaults, until Serve hands over the config's user_config
-        self._link.refresh(self._router.models)
+        self._link.refresh(self.router.models)
         await self._refresh_cards()
         self._refresher = asyncio.get_running_loop().create_task(self._keep_cards_fresh())
 
-    def _handle(self, app: str, deployment: str) -> DeploymentHandle:
+    def handle(self, app: str, deployment: str) -> DeploymentHandle:
         key = (app, deployment)
         handle = self._handles.get(key)
         if handle is None:
@@ -131,25 +131,25 @@ class Ingress:
     async def _refresh_cards(self) -> None:
         async def one(model: str) -> None:
             try:
-                call = self._handle(model, MODEL).card.remote()
+                call = self.handle(model, MODEL).card.remote()
                 card: ModelCard = await asyncio.wait_for(call, CARD_TIMEOUT_S)
             except Exception as exc:  # not deployed yet, or rolling: keep routing by the last card
                 log.debug("no card from model %s yet: %r", model, exc)
                 return
             self._link.saw(model, card.link)  # Serve still routes to that replica: its socket may be used
             # Clients name a model by its application's name (an alias when it differs from the manifest's).
-            self._router.update(card if card.name == model else dataclasses.replace(card, name=model))
+            self.router.update(card if card.name == model else dataclasses.replace(card, name=model))
 
         # As many card calls as the model has replicas (up to 8), at once, so that Serve's replica choice
         # (the less loaded of two) reaches each of them.
-        calls = [one(m) for m in self._router.models for _ in range(self._link.card_calls(m))]
+        calls = [one(m) for m in self.router.models for _ in range(self._link.card_calls(m))]
         await asyncio.gather(*calls)
 
     async def _keep_cards_fresh(self) -> None:
         last_keys = last_count = time.monotonic()
         while True:
             await asyncio.sleep(CARD_REFRESH_S)
-            self._link.refresh(self._router.models)
+            self._link.refresh(self.router.models)
             await self._refresh_cards()
             now = time.monotonic()
             if self._gate.enabled and now - last_keys >= self._auth.reload_interval_s:
@@ -160,7 +160,7 @@ class Ingress:
                 self._gate.set_replicas(await _ingress_replicas())
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = self._limits.max_body_bytes
+        limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
             if not declared.isdigit():
@@ -176,22 +176,22 @@ class Ingress:
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         config = IngressConfig.model_validate(user_config)
-        self._config = config
+        self.config = config
         self._link.max_in_flight = config.local_link_max_in_flight
         if config.fallback_cache_mb * 2**20 != self._fallback_bytes:
             self._fallback_bytes = config.fallback_cache_mb * 2**20
             self._fallback = FallbackCache(int(self._fallback_bytes))
 
-    async def _run(
+    async def run_encoder(
         self, request: Request, route: Route, job: TokenizeJob, options: ResponseOptions
     ) -> Response:
         """``job``: the request's inputs; its deadline, id and trace are set here."""
-        check_job_size(job, self._limits)
-        timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self._config.request_timeout_s)
-        if self._in_flight >= self._config.max_in_flight:  # bounded: refuse early instead of queueing
-            raise OverloadedError(f"over {self._config.max_in_flight} requests in flight; retry shortly")
+        check_job_size(job, self.limits)
+        timeout = request_timeout(request.headers.get(TIMEOUT_HEADER), self.config.request_timeout_s)
+        if self._in_flight >= self.config.max_in_flight:  # bounded: refuse early instead of queueing
+            raise OverloadedError(f"over {self.config.max_in_flight} requests in flight; retry shortly")
         request_id = request.headers.get(REQUEST_ID_HEADER, "")
-        trace = self._tracing.start_request(request_id)  # None unless this request is sampled
+        trace = self.tracing.start_request(request_id)  # None unless this request is sampled
         start_ns = time.time_ns()
         key = (route.model, cache_key(options, job))
         job = dataclasses.replace(job, deadline=time.time() + timeout, request_id=request_id, trace=trace)
@@ -213,7 +213,7 @@ class Ingress:
             self._in_flight -= 1
             if trace is not None:
                 attributes = {"model": route.model, "version": lane.version}
-                self._tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
+                self.tracing.finish_request(trace, start_ns, time.time_ns(), attributes)
         return self._answer(result, key)
 
     async def _call_model(self, model: str, request: ModelRequest) -> SerializedResponse | ServiceError:
@@ -229,7 +229,7 @@ class Ingress:
                 answer: SerializedResponse | ServiceError = reply.answer
                 return answer
         model_call("handle")
-        response = self._handle(model, MODEL).run.remote(request)
+        response = self.handle(model, MODEL).run.remote(request)
         try:
             return await response
         except asyncio.CancelledError:
@@ -244,29 +244,29 @@ class Ingress:
                 return error_response(result)
             result, headers = degraded, {DEGRADED_HEADER: "true"}
         else:
-            self._charge(result.input_tokens)
+            self.charge(result.input_tokens)
             if self._fallback.enabled:
                 self._fallback.remember(key, result)
         headers["X-Model-Version"] = result.model_version
         return Response(result.body, media_type=result.media_type, headers=headers)
 
-    def _authorize(self, model: str) -> None:
+    def authorize(self, model: str) -> None:
         """403 unless the request's tenant may use ``model``."""
         self._gate.check_model(admission(), model)
 
-    def _charge(self, input_tokens: int) -> None:
+    def charge(self, input_tokens: int) -> None:
         """Count an answer's input tokens against its tenant's tokens/min (and in the metrics)."""
         tenant = admission().tenant
         self._gate.charge(tenant, input_tokens)
         tenant_input_tokens(tenant, input_tokens)
 
-    async def _body(self, request: Request, schema: type[RequestT]) -> RequestT:
+    async def parse_body(self, request: Request, schema: type[RequestT]) -> RequestT:
         return parse_body(await self._read_body(request), request.headers.get("content-type"), schema)
 
-    def _route(self, model: str | None, path: str) -> Route:
+    def route_for(self, model: str | None, path: str) -> Route:
         """The request's model and version, refused (400) when the model's task has no such route."""
-        route = self._router.route(model)
-        self._authorize(route.model)
+        route = self.router.route(model)
+        self.authorize(route.model)
         lane = route.lane
         if path not in lane.routes:
             raise UnsupportedTaskError(
@@ -275,7 +275,9 @@ class Ingress:
             )
         return route
 
-    def _options(self, request: Request, route: Route, name: RouteName, **extra: Any) -> ResponseOptions:
+    def response_options(
+        self, request: Request, route: Route, name: RouteName, **extra: Any
+    ) -> ResponseOptions:
         media_type = negotiate_media_type(request.headers.get("accept"))
         return ResponseOptions(route=name, media_type=media_type, model_id=route.model, **extra)
 
@@ -283,15 +285,15 @@ class Ingress:
     async def embeddings(self, request: Request) -> Response:
         """OpenAI-compatible embeddings. ``model``: a served name, or ``name:version`` to pin a version.
         ``input`` may be token ids (without special tokens); extensions: ``embedding_types``, prompts."""
-        body = await self._body(request, EmbeddingsRequest)
-        route = self._route(body.model, "/v1/embeddings")
+        body = await self.parse_body(request, EmbeddingsRequest)
+        route = self.route_for(body.model, "/v1/embeddings")
         lane = route.lane
         check_dimensions(body.dimensions, lane.dimension or 0, lane.matryoshka_dimensions)
         types = tuple(body.embedding_types or ())
         check_embedding_types(types, lane.quantization)
         prompt = resolve_prompt(lane.prompt_table, lane.default_prompt, body.input_type, body.prompt_name)
         job = TokenizeJob(body.texts, body.truncate, prompt=prompt, token_ids=body.token_ids)
-        options = self._options(
+        options = self.response_options(
             request,
             route,
             "embeddings",
@@ -299,7 +301,7 @@ class Ingress:
             dimensions=body.dimensions,
             embedding_types=types,
         )
-        return await self._run(request, route, job, options)
+        return await self.run_encoder(request, route, job, options)
 
     # The retrieval routes: thin here (Serve maps only this class's own methods), their work in retrieval.py.
     @api.post("/v2/embed", openapi_extra=body_doc(CohereEmbedRequest))
@@ -350,11 +352,11 @@ class Ingress:
     @api.post("/predict", openapi_extra=body_doc(PredictRequest))
     async def predict(self, request: Request) -> Response:
         """Embeddings or class labels, by the model's task. ``model``: a name, ``name:version`` or none."""
-        body = await self._body(request, PredictRequest)
-        route = self._route(body.model, "/predict")
-        options = self._options(request, route, "predict")
+        body = await self.parse_body(request, PredictRequest)
+        route = self.route_for(body.model, "/predict")
+        options = self.response_options(request, route, "predict")
         job = TokenizeJob(body.inputs, body.truncate, field="text" if body.text is not None else "texts")
-        return await self._run(request, route, job, options)
+        return await self.run_encoder(request, route, job, options)
 
     @api.get("/v1/models")
     async def models(self) -> Response:
@@ -362,7 +364,7 @@ class Ingress:
         ``name:version``, with its task, dimension or labels, max tokens, role, traffic share and the
         ``limits`` a client must respect (inputs per request, tokens per input, body bytes...)."""
         policy = admission().policy  # a tenant sees the models it may use
-        entries = self._router.entries(self._limits)
+        entries = self.router.entries(self.limits)
         body = {"object": "list", "data": [e for e in entries if policy.allows(e["id"])]}
         return Response(render(body, "application/json"), media_type="application/json")
 
@@ -372,23 +374,23 @@ class Ingress:
         One model down does not take the endpoint out of a load balancer: the others still answer."""
 
         async def state(model: str) -> str:
-            if model not in self._router.cards:
+            if model not in self.router.cards:
                 return "starting"
             try:
-                await asyncio.wait_for(self._handle(model, MODEL).ready.remote(), HEALTH_TIMEOUT_S)
+                await asyncio.wait_for(self.handle(model, MODEL).ready.remote(), HEALTH_TIMEOUT_S)
             except Exception as exc:
                 log.warning("health probe of model %s failed: %r", model, exc)
                 return "unavailable"
             return "ready"
 
-        models = self._router.models
+        models = self.router.models
         states = dict(zip(models, await asyncio.gather(*(state(m) for m in models)), strict=True))
         if "ready" not in states.values():
             return error_response(NotReadyError(f"no model is ready: {states}"))
-        versions = {m: self._router.cards[m].versions for m, s in states.items() if s == "ready"}
+        versions = {m: self.router.cards[m].versions for m, s in states.items() if s == "ready"}
         body = {
             "status": "ready" if all(s == "ready" for s in states.values()) else "degraded",
-            "default_model": self._router.default,
+            "default_model": self.router.default,
             "models": states,
             "versions": versions,
         }

@@ -28,15 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deployments.link.frames import LinkReply, app_prefix, read_frame, write_frame
+from deployments.link.frames import LinkBroken, LinkReply, app_prefix, read_frame, write_frame
 
 log = logging.getLogger("textserve.link")
 
 Connection = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class LinkBroken(ConnectionError):
-    """The replica's end closed after the request was sent (it died with the request in it)."""
 
 
 @dataclass(eq=False)

@@ -95,3 +95,7 @@ async def read_frame(reader: asyncio.StreamReader) -> Any:
     if size > MAX_FRAME_BYTES:
         raise ConnectionError(f"link frame of {size} bytes is over the limit")
     return pickle.loads(await reader.readexactly(size))
+
+
+class LinkBroken(ConnectionError):
+    """The replica's end closed after the request was sent (it died with the request in it)."""

@@ -18,8 +18,8 @@ import numpy as np
 from contracts.errors import DeadlineExceededError, ModelExecutionError, ServiceError, UnavailableError
 from contracts.outputs import ModelIdentity, ModelOutput, SparseRows
 from contracts.tokenized import EncodedTexts
-from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.runner_base import BatchRunner
 from postprocess.retrieval import SPARSE_THRESHOLD
 

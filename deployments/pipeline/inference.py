@@ -1,7 +1,9 @@
 """The batched inference deployment: ``@serve.batch`` over a backend runner (torch or ONNX Runtime).
 
-Batches are bounded by sequences and by padded tokens; inside a batch the runner sorts by length
-and cuts micro-batches. The wait window adapts to load, within configured bounds.
+The one place a model's batches form. Batches are bounded by sequences and by padded tokens; inside a
+batch the runner sorts by length and cuts micro-batches. The wait window adapts to load, within configured
+bounds. A priority gate sits in front of the batch queue: interactive groups enter at once, bulk ones a few
+at a time (``pipeline/priority.py``), so interactive work never queues behind a backlog of bulk batches.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ from ray import serve
 
 from contracts.errors import ServiceError, UnavailableError
 from contracts.outputs import ModelIdentity
-from contracts.tokenized import EncodedTexts
+from contracts.tokenized import EncodedTexts, Priority
 from deployments.config import ObservabilityConfig, RuntimeConfig
 from deployments.observability.metrics import GpuMonitor, InferenceMetrics
 from deployments.observability.profiling import BatchProfiler
 from deployments.observability.setup import setup_replica
-from deployments.pipeline.batching import AdaptiveWaitWindow, BatchLimits
 from deployments.pipeline.group_runner import (
     Answers,
     Group,
@@ -33,15 +34,17 @@ from deployments.pipeline.group_runner import (
     device_gone,
     run_groups,
 )
+from deployments.pipeline.priority import PriorityGate, PriorityPolicy
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
-from deployments.runtime.cpu_priority import lower_cpu_priority
-from deployments.user_config import BatchingConfig
+from deployments.runtime.batching import AdaptiveWaitWindow, BatchLimits
+from deployments.user_config import BatchingConfig, PipelineConfig
 
 log = logging.getLogger("textserve.inference")
 
 _DEFAULTS = BatchingConfig()
+_BULK_SHARE = PipelineConfig().batch_min_share
 FAULT_INJECTION_ENV = "TEXTSERVE_FAULT_INJECTION"
 
 
@@ -60,6 +63,7 @@ class QueuedGroup:
     arrived_s: float  # perf_counter, for the queue-wait metric
     arrived_ns: int  # epoch ns, for trace spans (shared clock across processes)
     started: bool = False
+    busy_s: float = 0.0  # the model time of the batch it ran in
 
     @property
     def requests(self) -> int:
@@ -113,9 +117,8 @@ class InferenceDeployment:
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-        if self._runner.device_name == "cpu" and runtime.small_groups_in_pipeline and runtime.bulk_nice:
-            # Small (interactive) groups run in the Model replica; here the large (bulk) ones yield to them.
-            lower_cpu_priority(runtime.bulk_nice)  # threads made later (the model's) inherit it
+        # Bulk groups one at a time, as the pipeline's groups, with the pipeline's guaranteed share.
+        self._gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=_BULK_SHARE))
         self._apply(_DEFAULTS)
         self._metrics = InferenceMetrics(
             {
@@ -155,13 +158,18 @@ class InferenceDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
 
-    async def infer(self, group: Group) -> Answers:
-        """A group of requests' sequences, batched with whatever else is queued; errors pass through."""
+    async def infer(self, group: Group, priority: Priority = "interactive") -> Answers:
+        """A group of requests' sequences, batched with whatever else is queued; errors pass through.
+        ``priority``: the group's class (a group holds one), at the gate in front of the batch queue."""
         group = [self._same_tokenizer(member) for member in group]
         queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
         self._metrics.queue_changed(queued.requests)
         try:
-            return await self._infer_batch(queued)
+            await self._gate.enter(priority)
+            try:
+                return await self._infer_batch(queued)
+            finally:
+                self._gate.leave(priority, queued.busy_s)
         finally:
             if not queued.started:  # cancelled (its client left) before its batch started
                 self._metrics.queue_changed(-queued.requests)
@@ -201,6 +209,9 @@ class InferenceDeployment:
             run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
         finally:
             self._running -= running
+        busy_s = time.perf_counter() - start
+        for q in queued:
+            q.busy_s = busy_s
         if any(e.trace is not None for q in queued for e in q.group if isinstance(e, EncodedTexts)):
             self._trace_batch(queued, start_ns, time.time_ns(), run.sequences)
         if run.sequences:
@@ -250,6 +261,7 @@ class InferenceDeployment:
             "pid": os.getpid(),
             "node_id": ray.get_runtime_context().get_node_id(),
             "waiting": self._metrics.waiting,
+            "held_at_gate": self._gate.waiting,
             "running": self._running,
         }
 

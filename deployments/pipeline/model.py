@@ -1,10 +1,10 @@
 """A model application's ingress: its pipeline (tokenize → infer → serialize, in groups) and its card.
 
 The router sends each request here, to its model. Concurrent requests travel the stages as one group per
-call, so a hop's fixed cost is shared by the group; batches for the model itself form in Inference. A small
-group (``inline_chars``) is tokenized and serialized right here: for a few texts the hops to the stage
-replicas cost more than the work. The card tells the router which versions are served and with which share
-of traffic.
+call, so a hop's fixed cost is shared by the group; batches for the model itself form in Inference, the one
+place they do. The one shortcut: a small group (``inline_chars``) is tokenized and serialized right here, as
+the hops to the stage replicas cost more than the work; its inference still runs in Inference. The card
+tells the router which versions are served and with which share of traffic.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ from ray import serve
 from contracts.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
 from contracts.outputs import ModelIdentity, SerializedResponse
 from contracts.tokenized import EncodedTexts, TokenizeJob
-from deployments.config import ObservabilityConfig, RuntimeConfig
-from deployments.ingress.errors import as_service_error
+from deployments.config import ObservabilityConfig
 from deployments.link.server import LinkServer
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
-from deployments.pipeline.local_model import LocalModels
 from deployments.pipeline.priority import Priority, PriorityPolicy
+from deployments.pipeline.remote_errors import as_service_error
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
 from deployments.pipeline.slot_batcher import SlotBatcher
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
@@ -37,8 +36,8 @@ from preprocess.tokenize import TokenDetails
 READY_TIMEOUT_S = 5.0
 # How long a stopping replica waits for the requests the link brought (Serve waits only for its own).
 LINK_DRAIN_S = 15.0
-# Groups in flight at once, so the stages overlap (one group infers while the next tokenizes). Measured on
-# 2 cores: 2 gave 271-278 seq/s on 32-text requests against 232-238 with 3 or 4, and no less on single texts.
+# Groups in flight at once, so the stages overlap (one group infers while the next tokenizes); bulk groups
+# take at most one of them, so the other is always there for interactive work.
 MAX_GROUPS_IN_FLIGHT = 2
 _DEFAULTS = PipelineConfig()
 # Stands in for a request whose client went away or whose deadline passed: later stages pass errors on
@@ -78,10 +77,8 @@ class ModelDeployment:
         versions: list[ServedVersion],
         serializer: Any,
         observability: ObservabilityConfig,
-        runtime: RuntimeConfig,
     ) -> None:
-        """``versions``: stable first, then the candidate, if any. ``runtime``: the model's, for its local
-        copy on a CPU (``pipeline/local_model.py``)."""
+        """``versions``: stable first, then the candidate, if any."""
         # Every stage call carries any group the router accepts (pipeline/transport.py).
         versions = [
             replace(
@@ -97,13 +94,6 @@ class ModelDeployment:
         tracing = setup_replica(observability)
         self._tokenize = {v.version: TokenizeWork(v.model, tracing) for v in versions}
         self._serialize = SerializeWork(tracing, [v.model for v in versions])
-        self._local = LocalModels(
-            {v.version: v.model for v in versions},
-            {v.version: v.inference for v in versions},
-            runtime,
-            tracing,
-            workers=MAX_GROUPS_IN_FLIGHT,
-        )
         self._config = _DEFAULTS
         # Groups form when one of the two slots is free (not Serve's @serve.batch, which forms a group
         # when its window ends and then queues it for a slot: groups of one at a window of 0).
@@ -149,7 +139,6 @@ class ModelDeployment:
 
     async def ready(self) -> list[ModelIdentity]:
         """Answers once every served version has an inference replica with its model loaded."""
-        self._local.start()
         if self._link is not None:
             self._link.start()
         calls = [self._versions[v].inference.ready.remote() for v in self._order]
@@ -160,13 +149,8 @@ class ModelDeployment:
                 call.cancel()
             raise
 
-    def local_copies(self) -> list[str]:
-        """The versions whose small groups run on this replica's own copy (a CPU model, once loaded)."""
-        return [v for v in self._order if self._local.get(v) is not None]
-
     async def run(self, request: ModelRequest) -> Answer:
         """One request through the stages, in a group with whatever else arrives meanwhile."""
-        self._local.start()
         job = PipelineJob(
             request.tokenize,
             request.options,
@@ -209,12 +193,6 @@ class ModelDeployment:
                 results[i] = result
         return results
 
-    def _beside_bulk(self, jobs: list[PipelineJob]) -> bool:
-        """An interactive group while bulk work holds the stage replicas stays here, whatever its size: in
-        the Tokenizer, Inference and Serializer queues (FIFO, their CPU priority lowered) it would wait
-        behind the bulk groups."""
-        return jobs[0].priority == "interactive" and self._groups.scheduler.in_flight["batch"] > 0
-
     async def _through_stages(self, jobs: list[PipelineJob], version: str) -> list[Answer]:
         served = self._versions.get(version)
         if served is None:  # the router's card predates a rollout: that version is gone
@@ -226,7 +204,8 @@ class ModelDeployment:
         tokenize = [j.tokenize for j in jobs]
         options = [j.options for j in jobs]
         decimals = self._config.float_decimals
-        inline = group_chars(tokenize) <= self._config.inline_chars or self._beside_bulk(jobs)
+        inline = group_chars(tokenize) <= self._config.inline_chars
+        priority = jobs[0].priority  # a group holds one class (the SlotBatcher's rule)
         try:
             if inline:
                 encoded: list[Any] = self._tokenize[version].encode(tokenize)
@@ -234,12 +213,8 @@ class ModelDeployment:
                 encoded = await group.sending(served.tokenizer.encode.remote(tokenize))
             outputs: list[Any] = group.keep_live(encoded, _GONE)
             if any(isinstance(e, EncodedTexts) for e in outputs):
-                local = self._local.get(version) if inline else None
-                if local is not None:  # a CPU model's small group: its copy here saves a hop
-                    outputs = group.keep_live(await local.infer(outputs), _GONE)
-                else:
-                    call = served.inference.infer.remote(outputs)
-                    outputs = group.keep_live(await group.sending(call), _GONE)
+                call = served.inference.infer.remote(outputs, priority)
+                outputs = group.keep_live(await group.sending(call), _GONE)
             if all(isinstance(o, ServiceError) for o in outputs):
                 return outputs
             if inline:

@@ -1,4 +1,6 @@
-"""Which priority class forms the next group: interactive first, bulk never starved (no Ray).
+"""Which priority class goes first: interactive first, bulk never starved (no Ray). The one priority
+mechanism for encoders: the pipeline's groups (``PriorityScheduler`` in ``SlotBatcher``) and Inference's batch
+queue (``PriorityGate``) follow the same ``PriorityPolicy``.
 
 A tenant's requests are ``interactive`` or ``batch`` (its policy in the tenants file). Groups never mix the
 two: an interactive request must not wait for a bulk request's texts. When a slot frees and both classes
@@ -9,8 +11,10 @@ once, so a slot is always free for interactive work within one group's time.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -65,3 +69,54 @@ class PriorityScheduler:
         self.in_flight[priority] -= 1
         self._decay()
         self._busy[priority] += seconds
+
+
+class PriorityGate:
+    """Admission into a first-come batch queue (Inference's ``@serve.batch``) by the same policy, so
+    interactive work goes first where the model's batches form, on a GPU as on a CPU.
+
+    An interactive group enters at once. A bulk group enters while fewer than ``batch_slots`` bulk groups are
+    inside and no interactive group is, or while bulk's share of the recent busy time is under
+    ``batch_min_share`` (never starved); otherwise it waits, first come first served among bulk groups. So an
+    interactive group waits behind at most ``batch_slots`` bulk groups, never behind a queue of them.
+    """
+
+    def __init__(self, policy: PriorityPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.scheduler = PriorityScheduler(policy, clock)
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """Bulk groups held at the gate now."""
+        return sum(not f.done() for f in self._waiting)
+
+    async def enter(self, priority: Priority) -> None:
+        """Returns once the group may join the queue; pair every return with one ``leave``."""
+        if priority != "batch" or (not self.waiting and self._admits_batch()):
+            self.scheduler.started(priority)
+            return
+        admitted = asyncio.get_running_loop().create_future()
+        self._waiting.append(admitted)
+        try:
+            await admitted
+        except asyncio.CancelledError:
+            if admitted.done() and not admitted.cancelled():  # admitted as it was cancelled: give it back
+                self.leave("batch", 0.0)
+            raise
+
+    def leave(self, priority: Priority, busy_s: float) -> None:
+        """The group is answered; ``busy_s``: the model time it took, its class's share of busy time."""
+        self.scheduler.finished(priority, busy_s)
+        while self._waiting and (self._waiting[0].done() or self._admits_batch()):
+            admitted = self._waiting.popleft()
+            if not admitted.done():  # a cancelled waiter is skipped
+                self.scheduler.started("batch")
+                admitted.set_result(None)
+
+    def _admits_batch(self) -> bool:
+        scheduler = self.scheduler
+        if scheduler.in_flight["batch"] >= scheduler.policy.batch_slots:
+            return False
+        return scheduler.in_flight["interactive"] == 0 or (
+            scheduler.share("batch") < scheduler.policy.batch_min_share
+        )

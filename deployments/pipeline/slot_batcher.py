@@ -5,7 +5,6 @@ a free slot (``max_concurrent_batches``): with a short window, batches of one qu
 runs, and a request that arrives meanwhile cannot join them. Here a batch forms at the moment a slot is
 free: it takes everything queued then (up to the cap). The window stays a maximum, never a minimum: a free
 slot waits for company only while the batch is under the cap, and at most ``wait_s`` (0: never).
-Measured in docs/architecture.md.
 
 Items have a priority class (``priority_of``): a batch holds one class only, and which class forms the next
 batch is the ``PriorityScheduler``'s choice (interactive first, bulk with a guaranteed share).

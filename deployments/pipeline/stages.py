@@ -20,20 +20,13 @@ from deployments.config import ObservabilityConfig
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.stage_work import SerializeWork, TokenizeWork, group_chars
 from deployments.repository.manifest import ResolvedModel
-from deployments.runtime.cpu_priority import BulkNice, lower_cpu_priority
 
 # A small group is tokenized or serialized on the replica's event loop: a few texts take tens of
-# microseconds, less than the hop to a worker thread and back that Serve makes for a sync method
-# (single texts at concurrency 8: +5 % req/s, median of six alternating runs). Bounded by size, not
-# count, so one huge text never holds the loop; larger groups go to the stage's own threads.
-INLINE_CHARS = 16384  # characters to tokenize (~0.5 ms)
-INLINE_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of smaller ones)
-
-
-def _stage_threads(name: str, nice: BulkNice) -> ThreadPoolExecutor:
-    if nice:  # the pool's threads, made later, inherit it from the thread that makes them
-        lower_cpu_priority(nice)
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix=name)
+# microseconds, less than the hop to a worker thread and back. Bounded by size, not count, so one huge
+# text never holds the loop; larger groups go to the stage's own threads.
+ON_LOOP_CHARS = 16384  # characters to tokenize
+ON_LOOP_VALUES = 32768  # floats to serialize (64 embeddings of 384 or more of smaller ones)
+STAGE_THREADS = 2
 
 
 @serve.deployment(  # max_surge_percent: blue-green, deployments/pipeline/model.py says why
@@ -44,13 +37,12 @@ def _stage_threads(name: str, nice: BulkNice) -> ThreadPoolExecutor:
     max_surge_percent=100,
 )
 class TokenizerDeployment:
-    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig, nice: BulkNice = 0) -> None:
-        """``nice``: runtime.bulk_nice (this replica sees only groups too large for the pipeline's loop)."""
+    def __init__(self, model: ResolvedModel, observability: ObservabilityConfig) -> None:
         self._work = TokenizeWork(model, setup_replica(observability))
-        self._threads = _stage_threads("tokenize", nice)
+        self._threads = ThreadPoolExecutor(max_workers=STAGE_THREADS, thread_name_prefix="tokenize")
 
     async def encode(self, jobs: list[TokenizeJob]) -> list[EncodedTexts | ServiceError]:
-        if group_chars(jobs) <= INLINE_CHARS:
+        if group_chars(jobs) <= ON_LOOP_CHARS:
             return self._work.encode(jobs)
         return await asyncio.get_running_loop().run_in_executor(self._threads, self._work.encode, jobs)
 
@@ -63,12 +55,10 @@ class TokenizerDeployment:
     max_surge_percent=100,
 )
 class SerializerDeployment:
-    def __init__(
-        self, observability: ObservabilityConfig, models: list[ResolvedModel], nice: BulkNice = 0
-    ) -> None:
+    def __init__(self, observability: ObservabilityConfig, models: list[ResolvedModel]) -> None:
         """``models``: the served versions, whose manifests hold their int8 ranges."""
         self._work = SerializeWork(setup_replica(observability), models)
-        self._threads = _stage_threads("serialize", nice)
+        self._threads = ThreadPoolExecutor(max_workers=STAGE_THREADS, thread_name_prefix="serialize")
 
     async def serialize(
         self,
@@ -77,7 +67,7 @@ class SerializerDeployment:
         float_decimals: int | None,
     ) -> list[SerializedResponse | ServiceError]:
         """``float_decimals``: the model pipeline's (its user_config), so both places render alike."""
-        if sum(o.values.size for o in outputs if not isinstance(o, ServiceError)) <= INLINE_VALUES:
+        if sum(o.values.size for o in outputs if not isinstance(o, ServiceError)) <= ON_LOOP_VALUES:
             return self._work.serialize(outputs, options, float_decimals)
         return await asyncio.get_running_loop().run_in_executor(
             self._threads, self._work.serialize, outputs, options, float_decimals

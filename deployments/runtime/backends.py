@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from deployments.repository.manifest import ResolvedModel
-from deployments.runtime.openmp import on_passing_thread
 from deployments.runtime.runner_base import BatchRunner
 from preprocess.tokenize import pad_token_id
 
@@ -31,22 +30,17 @@ def ready_runner(
     parallel_passes: int = 1,
     graph: str = "eager",
 ) -> BatchRunner:
-    """A replica's runner, built and warmed up on a thread that ends (runtime/openmp.py): the threads that run
-    it later keep the process's only OpenMP pools."""
-
-    def setup() -> BatchRunner:
-        runner = create_runner(
-            model,
-            device,
-            threads=threads,
-            cache_release_fraction=cache_release_fraction,
-            parallel_passes=parallel_passes,
-            graph=graph,
-        )
-        runner.warm_up(model.manifest.input.max_tokens, warm_up_batch)
-        return runner
-
-    return on_passing_thread(setup)
+    """A replica's runner, built and warmed up (its first passes compile and allocate)."""
+    runner = create_runner(
+        model,
+        device,
+        threads=threads,
+        cache_release_fraction=cache_release_fraction,
+        parallel_passes=parallel_passes,
+        graph=graph,
+    )
+    runner.warm_up(model.manifest.input.max_tokens, warm_up_batch)
+    return runner
 
 
 def _create(

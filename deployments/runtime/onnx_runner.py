@@ -9,19 +9,14 @@ from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.runtime.runner_base import BatchRunner
 
 
-def session_options(
-    threads: int | None, spinning: bool = False, stop_spinning_after_run: bool = False
-) -> ort.SessionOptions:
+def session_options(threads: int | None) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
-    # Spinning intra-op threads starve the other replicas sharing a few cores (measured: 12 -> 22 req/s);
-    # ``spinning`` is for measuring what they would give (bench/idle_pass.py).
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-    if stop_spinning_after_run:  # spin within a run only, then sleep at once: no CPU burnt between runs
-        opts.add_session_config_entry("session.force_spinning_stop", "1")
+    # Spinning intra-op threads take cores from the other replicas that share the machine's cores.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return opts
 
 
@@ -34,7 +29,6 @@ class OnnxRunner(BatchRunner):
         device: str,
         pad_id: int,
         threads: int | None = None,
-        options: ort.SessionOptions | None = None,
     ) -> None:
         super().__init__(model, pad_id)
         available = ort.get_available_providers()
@@ -43,7 +37,7 @@ class OnnxRunner(BatchRunner):
             ["CUDAExecutionProvider", "CPUExecutionProvider"] if want_cuda else ["CPUExecutionProvider"]
         )
         self.session = ort.InferenceSession(
-            str(model.onnx_file), options or session_options(threads), providers=providers
+            str(model.onnx_file), session_options(threads), providers=providers
         )
         self._provider = self.session.get_providers()[0]
         self._output = self.session.get_outputs()[0].name

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from deployments.pipeline.batching import (
+from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.batching import (
     AdaptiveBatchCap,
     BatchLimits,
     is_out_of_memory,
@@ -20,11 +21,13 @@ from deployments.pipeline.batching import (
     padding_efficiency,
     plan_micro_batches,
 )
-from deployments.repository.manifest import ResolvedModel
+from deployments.user_config import BatchingConfig
 
 log = logging.getLogger("textserve.runner")
 
-DEFAULT_LIMITS = BatchLimits(max_sequences=32, max_tokens=8192)
+# Per forward pass, when the caller gives none: Inference's own defaults (one source for both).
+_BATCHING = BatchingConfig()
+DEFAULT_LIMITS = BatchLimits(_BATCHING.micro_batch_size, _BATCHING.micro_batch_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ class BatchRunner(ABC):
         plan = plan_micro_batches(lengths, BatchLimits(per_pass, limits.max_tokens))
         if self._pool is not None and len(plan) > 1:
             # Longest passes first (the plan is ascending), so no thread starts the longest pass last
-            # while the others idle: 2-5 % on 8 single texts. Disjoint rows of `out` per pass; list()
+            # while the others idle. Disjoint rows of `out` per pass; list()
             # re-raises the first failure here.
             list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan[::-1]))
         else:

@@ -338,12 +338,3 @@ def test_manifest_path_prefers_existing_relative_dir_in_cwd(tmp_path, monkeypatc
 
 def test_resolve_path_absolute(tmp_path):
     assert resolve_path(str(tmp_path / "nope")) == (tmp_path / "nope").resolve()
-
-
-def test_bulk_nice_is_off_a_niceness_or_idle() -> None:
-    assert RuntimeConfig().bulk_nice == 0
-    assert RuntimeConfig(bulk_nice=19).bulk_nice == 19
-    assert RuntimeConfig(bulk_nice="idle").bulk_nice == "idle"
-    for bad in (20, -1, "low", "19x"):
-        with pytest.raises(ValidationError):
-            RuntimeConfig(bulk_nice=bad)

@@ -105,26 +105,26 @@ class _Stand:
     does and keeps the job."""
 
     def __init__(self, limits: LimitsConfig = LIMITS) -> None:
-        self._router = _router()
-        self._limits = limits
+        self.router = _router()
+        self.limits = limits
         self.jobs: list[TokenizeJob] = []
 
     _read_body = INGRESS._read_body
 
-    async def _body(self, request: Any, schema: type) -> Any:
+    async def parse_body(self, request: Any, schema: type) -> Any:
         return parse_body(await self._read_body(request), "application/json", schema)
 
-    def _route(self, model: str | None, path: str) -> Route:
-        return self._router.route(model)
+    def route_for(self, model: str | None, path: str) -> Route:
+        return self.router.route(model)
 
-    def _authorize(self, model: str) -> None:
+    def authorize(self, model: str) -> None:
         return None
 
-    def _options(self, *args: Any, **kwargs: Any) -> None:
+    def response_options(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    async def _run(self, request: Any, route: Route, job: TokenizeJob, options: Any) -> None:
-        check_job_size(job, self._limits)
+    async def run_encoder(self, request: Any, route: Route, job: TokenizeJob, options: Any) -> None:
+        check_job_size(job, self.limits)
         self.jobs.append(job)
 
 

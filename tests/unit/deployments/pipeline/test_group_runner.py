@@ -8,8 +8,8 @@ from contracts.errors import InputTooLongError, ModelExecutionError, Unavailable
 from contracts.outputs import ModelIdentity, ModelOutput, SparseRows
 from contracts.tokenized import EncodedTexts
 from deployments.ingress.errors import status_of
-from deployments.pipeline.batching import BatchLimits
 from deployments.pipeline.group_runner import OutputMaker, run_groups
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.runner_base import BatchRunner
 
 POISON = 666

@@ -29,8 +29,7 @@ def versions(tmp_path_factory: pytest.TempPathFactory) -> list[ResolvedModel]:
 
 def _card_deployment(models: list[ResolvedModel]) -> ModelDeployment:
     served = [ServedVersion(model=m, tokenizer=None, inference=None) for m in models]
-    no_local = RuntimeConfig(small_groups_in_pipeline=False)
-    return ModelDeployment.func_or_class(served, None, ObservabilityConfig(), no_local)
+    return ModelDeployment.func_or_class(served, None, ObservabilityConfig())
 
 
 def test_card_lists_stable_then_candidate_with_the_configured_share(versions):
@@ -101,9 +100,7 @@ def _encode(model: ResolvedModel, text: str):
 def test_inference_refuses_ids_made_by_another_tokenizer(versions):
     """During a rolling update one version's tokenizer may meet the other's model: never run those ids."""
     model = versions[0]
-    # bulk_nice 0: a replica lowers its own CPU priority, which here would be the test process's
-    runtime = RuntimeConfig(bulk_nice=0)
-    inference = InferenceDeployment.func_or_class(model, "cpu", runtime, ObservabilityConfig())
+    inference = InferenceDeployment.func_or_class(model, "cpu", RuntimeConfig(), ObservabilityConfig())
     batched = []
 
     async def batch(queued):  # Serve's batch queue needs a replica; what reaches it is the point here

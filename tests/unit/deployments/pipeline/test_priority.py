@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.pipeline.priority import Priority, PriorityPolicy, PriorityScheduler
+from deployments.pipeline.priority import Priority, PriorityGate, PriorityPolicy, PriorityScheduler
 from deployments.pipeline.slot_batcher import SlotBatcher
 
 
@@ -112,3 +112,64 @@ def test_a_stream_of_interactive_work_still_leaves_bulk_its_share():
         return bulk_in_first_half / 200
 
     assert asyncio.run(scenario()) >= 0.25  # bulk got its share while interactive work kept coming
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_gate_lets_interactive_groups_in_at_once_and_bulk_ones_one_at_a_time():
+    """Inference's batch queue is first come, first served: the gate in front of it keeps bulk groups out
+    while interactive ones are inside, so an interactive group waits behind one bulk group at most."""
+
+    async def scenario() -> list[str]:
+        clock = _Clock()
+        gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=0.0), clock)
+        entered: list[str] = []
+
+        async def group(name: str, priority: Priority) -> None:
+            await gate.enter(priority)
+            entered.append(name)
+
+        await group("bulk-1", "batch")  # nothing inside: in at once
+        waiting = [asyncio.create_task(group(f"bulk-{i}", "batch")) for i in (2, 3)]
+        await asyncio.sleep(0)
+        assert gate.waiting == 2  # one bulk group at a time
+        await group("query-1", "interactive")  # never held
+        gate.leave("batch", 1.0)  # bulk-1 answered, but an interactive group is inside: bulk-2 still waits
+        await asyncio.sleep(0)
+        assert gate.waiting == 2
+        gate.leave("interactive", 0.1)
+        await asyncio.sleep(0)
+        assert gate.waiting == 1  # bulk-2 in, bulk-3 behind it
+        gate.leave("batch", 1.0)
+        await asyncio.gather(*waiting)
+        return entered
+
+    assert asyncio.run(scenario()) == ["bulk-1", "query-1", "bulk-2", "bulk-3"]
+
+
+def test_the_gate_never_starves_bulk_and_forgets_a_cancelled_waiter():
+    async def scenario() -> None:
+        clock = _Clock()
+        gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=0.25, half_life_s=1.0), clock)
+        await gate.enter("interactive")
+        gate.leave("interactive", 10.0)  # interactive work took all the recent busy time
+        await gate.enter("interactive")  # and is inside again
+        await asyncio.wait_for(gate.enter("batch"), 1)  # bulk's share is 0 < 0.25: in beside it
+        cancelled = asyncio.create_task(gate.enter("batch"))  # the slot is taken: it waits
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        gate.leave("batch", 1.0)
+        assert gate.waiting == 0 and gate.scheduler.in_flight["batch"] == 0
+        later = asyncio.create_task(gate.enter("batch"))  # the cancelled waiter holds no slot
+        gate.leave("interactive", 0.1)
+        await asyncio.wait_for(later, 1)
+        assert gate.scheduler.in_flight["batch"] == 1
+
+    asyncio.run(scenario())

@@ -56,8 +56,8 @@ def test_a_small_group_is_tokenized_on_the_event_loop(tokenizer: Any) -> None:
 
 
 def test_a_large_group_is_tokenized_on_the_stage_threads_with_the_same_answers(tokenizer: Any) -> None:
-    texts = [SENTENCE * 4] * 80  # over INLINE_CHARS in all
-    assert sum(map(len, texts)) > stages.INLINE_CHARS
+    texts = [SENTENCE * 4] * 80  # over ON_LOOP_CHARS in all
+    assert sum(map(len, texts)) > stages.ON_LOOP_CHARS
     jobs = [TokenizeJob(texts[i : i + 8]) for i in range(0, len(texts), 8)]
     results, thread = _run_and_note_thread(tokenizer, "encode", jobs)
     assert thread.startswith("tokenize")
@@ -68,7 +68,7 @@ def test_a_large_group_is_tokenized_on_the_stage_threads_with_the_same_answers(t
 
 
 def test_one_huge_text_leaves_the_loop_and_fails_alone(tokenizer: Any) -> None:
-    huge = "word " * (stages.INLINE_CHARS // 4)  # over the model's 256 tokens, and over the char bound
+    huge = "word " * (stages.ON_LOOP_CHARS // 4)  # over the model's 256 tokens, and over the char bound
     jobs = [TokenizeJob([SENTENCE]), TokenizeJob([huge]), TokenizeJob([SENTENCE])]
     results, thread = _run_and_note_thread(tokenizer, "encode", jobs)
     assert thread.startswith("tokenize")
@@ -86,8 +86,8 @@ def _outputs(rows: int, n: int) -> list[ModelOutput | ServiceError]:
 def test_serializer_runs_small_groups_on_the_loop_and_large_on_its_threads(serializer: Any) -> None:
     options = ResponseOptions(route="embeddings", media_type="application/json")
     small = _outputs(1, 8)
-    large = _outputs(32, 4)  # 4 x 32 x 384 floats: over INLINE_VALUES
-    assert sum(o.values.size for o in large if isinstance(o, ModelOutput)) > stages.INLINE_VALUES
+    large = _outputs(32, 4)  # 4 x 32 x 384 floats: over ON_LOOP_VALUES
+    assert sum(o.values.size for o in large if isinstance(o, ModelOutput)) > stages.ON_LOOP_VALUES
     small_out, small_thread = _run_and_note_thread(serializer, "serialize", small, [options] * 8, 6)
     large_out, large_thread = _run_and_note_thread(serializer, "serialize", large, [options] * 4, 6)
     assert small_thread == threading.main_thread().name

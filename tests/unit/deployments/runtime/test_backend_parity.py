@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ManifestError
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.export_onnx import export
 from deployments.runtime.runner_base import BatchRunner
 from preprocess.tokenize import TextTokenizer

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from deployments.config import ModelConfig
-from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.runner_base import BatchRunner
 from deployments.runtime.torch_runner import ModelRunner, pick_device
 from preprocess.tokenize import TextTokenizer

@@ -13,10 +13,10 @@ import torch
 from pydantic import ValidationError
 
 from deployments.config import ModelAppArgs, ModelConfig
-from deployments.pipeline.batching import BatchLimits
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.export_onnx import export
 from preprocess.tokenize import TextTokenizer
 from tests.support.vectors import row_cosines

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.pipeline.batching import BatchLimits
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.runner_base import BatchRunner
 
 

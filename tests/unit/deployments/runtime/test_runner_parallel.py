@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from deployments.pipeline.batching import BatchLimits
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.runner_base import BatchRunner
 
 LIMITS = BatchLimits(64, 100_000)

@@ -13,9 +13,9 @@ import torch
 from pydantic import ValidationError
 
 from deployments.config import ModelConfig, RuntimeConfig
-from deployments.pipeline.batching import BatchLimits
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.runtime.batching import BatchLimits
 from deployments.runtime.torch_graph import CHECK_SHAPES, TraceMismatchError, check_batch, traced_head
 from preprocess.tokenize import TextTokenizer
 from tests.support.models import build_classifier
