@@ -401,7 +401,7 @@ def only_some(opts: Options, workloads: Sequence[str]) -> None:
 
 
 def _print_corpus() -> int:
-    from bench.corpus import build_corpus
+    from deployments.tools.corpus import build_corpus
 
     corpus = build_corpus()
     print(corpus.stats())

@@ -1,28 +1,48 @@
 """The design's rows, in process (no HTTP): the bench model in the run's precision, greedy, 100 new
-tokens from a short prompt.
+tokens from a short prompt, with plain transformers (the service's own engine is measured over HTTP).
 
 - ``no-cache``: ``model.generate(use_cache=False)`` (every step recomputes the whole sequence);
 - ``cache``: ``model.generate()`` with its KV cache;
-- ``engine-1``: one request through the project's engine (``deployments.runtime.generate.engine``);
-- ``batched-4``: 4 requests submitted together to the engine (continuous batching), until all 4 end.
+- ``batched-4``: 4 copies of the prompt in one ``model.generate()`` call (a static batch, with the cache).
 
-End of sequence is switched off (``min_new_tokens``; the engine gets no eos ids), so every request makes
-exactly ``new_tokens`` tokens. The design's own figures (a 7B model on a GPU, 4 x 100 tokens): 8 s
-without the cache, 2 s with it, 3 s for 4 batched requests.
+End of sequence is switched off (``min_new_tokens``), so every request makes exactly ``new_tokens`` tokens.
+The design's own figures (``DESIGN`` in ``bench.generate_stats``) are for a 7B model on a GPU.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.generate_stats import DESIGN, DesignRow
 from bench.machine import OtherLoadProbe
-from deployments.runtime.openmp import on_passing_thread
 
 PROMPT = "The quick brown fox jumps over"
+T = TypeVar("T")
+
+
+def on_passing_thread(fn: Callable[[], T], name: str = "bench-torch") -> T:
+    """``fn()`` on a new thread, ended when this returns, so that the OpenMP pool torch makes on it ends too
+    (a thread of this process that lives on with a pool slows every other thread's torch). Returns ``fn``'s
+    result, or raises its exception here."""
+    result: list[T] = []
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as exc:  # re-raised on the caller's thread
+            error.append(exc)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join()
+    if error:
+        raise error[0]
+    return result[0]
 
 
 def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
@@ -32,6 +52,7 @@ def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
 
 
 def _generate(model: Any, ids: Any, new_tokens: int, use_cache: bool) -> float:
+    """Seconds of ``model.generate`` on ``ids`` (a row per request), greedy, exactly ``new_tokens`` each."""
     import torch
 
     t0 = time.perf_counter()
@@ -52,67 +73,17 @@ def _generate(model: Any, ids: Any, new_tokens: int, use_cache: bool) -> float:
     return seconds
 
 
-def _engine(model: Any, prompt: list[int], requests: int, new_tokens: int) -> float:
-    from deployments.runtime.generate.engine import Engine, EngineLimits, TokenEvent
-    from deployments.runtime.generate.sampling import Sampling
-
-    engine = Engine(model, (), EngineLimits(max_running=max(4, requests)))
-    counts = dict.fromkeys(range(requests), 0)
-    finished = threading.Event()
-    done: set[str] = set()
-    problems: list[str] = []
-    lock = threading.Lock()
-
-    def sink(event: TokenEvent) -> None:
-        with lock:
-            if event.token_id is not None:
-                counts[int(event.request_id)] += 1
-            if event.finish is not None:
-                if event.finish != "length":
-                    problems.append(f"{event.request_id}: {event.finish} {event.error or ''}")
-                done.add(event.request_id)
-                if len(done) == requests:
-                    finished.set()
-
-    engine.start()
-    try:
-        t0 = time.perf_counter()
-        for i in range(requests):
-            engine.submit(str(i), prompt, new_tokens, Sampling(), sink)
-        if not finished.wait(timeout=1800):
-            raise RuntimeError("the engine did not finish within 30 minutes")
-        seconds = time.perf_counter() - t0
-    finally:
-        engine.stop()
-    if problems or any(n != new_tokens for n in counts.values()):
-        raise RuntimeError(f"engine: {problems or counts}")
-    return seconds
-
-
 def design_rows(
     model_dir: Path, new_tokens: int = 100, batch: int = 4, log: Any = print, precision: str = "fp32"
 ) -> list[DesignRow]:
-    import copy
-
     import torch
 
-    from deployments.runtime.generate.packed import pack_linears
-
-    def setup() -> tuple[Any, Any, Any, int]:
-        tokenizer, model = load(model_dir, precision)
-        # The engine's rows run the model as the service's engine does (generation.packed_weights, on).
-        engine_model = copy.deepcopy(model)
-        return tokenizer, model, engine_model, pack_linears(engine_model)
-
-    # Every torch call on a thread that ends, as the service does (deployments/runtime/openmp.py): a
-    # thread of this process that lives on with an OpenMP pool would slow every other thread's torch.
-    tokenizer, model, engine_model, swapped = on_passing_thread(setup)
-    packed = " on oneDNN packed weights" if swapped else ""
+    # Every torch call on a thread that ends (on_passing_thread).
+    tokenizer, model = on_passing_thread(lambda: load(model_dir, precision))
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-    prompt = ids[0].tolist()
-    on_passing_thread(lambda: _generate(model, ids, 8, True))  # warm-up
-    _engine(engine_model, prompt, 1, 8)
-    where = f"{len(prompt)}-token prompt, torch on a worker thread ({torch.get_num_threads()} intra-op)"
+    batched = ids.repeat(batch, 1)  # the same prompt: no padding
+    on_passing_thread(lambda: _generate(model, batched, 8, True))  # warm-up
+    where = f"{ids.shape[1]}-token prompt, torch on a worker thread ({torch.get_num_threads()} intra-op)"
     rows = []
     for name, what, run, design in (
         (
@@ -128,15 +99,9 @@ def design_rows(
             DESIGN["cache_s"],
         ),
         (
-            "engine-1",
-            f"1 request through the engine (deployments.runtime.generate.engine){packed}",
-            lambda: _engine(engine_model, prompt, 1, new_tokens),
-            None,
-        ),
-        (
             f"batched-{batch}",
-            f"{batch} requests submitted together to the engine (continuous batching){packed}",
-            lambda: _engine(engine_model, prompt, batch, new_tokens),
+            f"{batch} prompts in one model.generate() call (static batch, KV cache), {where}",
+            lambda: _generate(model, batched, new_tokens, True),
             DESIGN["batched_s"] if batch == 4 else None,
         ),
     ):
@@ -154,9 +119,8 @@ def design_rows(
 
 def design_rows_apart(model_dir: Path, new_tokens: int = 100, precision: str = "fp32") -> list[DesignRow]:
     """``design_rows`` in a child process of its own, which ends before the HTTP systems start: run in the
-    benchmark's own process, the rows left every system measured after them slower (the service's output
-    tokens/s at 1 and 8 clients 0.8-0.9x that of a run without them), for reasons this process's state
-    holds (two models, their allocations, threads); a process that ends holds nothing."""
+    benchmark's own process, the rows left every system measured after them slower, for reasons this
+    process's state holds (the model, its allocations, threads); a process that ends holds nothing."""
     import multiprocessing
 
     with multiprocessing.get_context("spawn").Pool(1) as pool:

@@ -34,7 +34,7 @@ def build_prompts(
 ) -> tuple[list[load.Prompt], dict[str, Any]]:
     from tokenizers import Tokenizer
 
-    from bench.corpus import build_corpus
+    from deployments.tools.corpus import build_corpus
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     tok.no_padding()
@@ -63,9 +63,9 @@ def build_prompts(
 
 def reference_texts(model_dir: Path, prompts: Sequence[load.Prompt], precision: str = "fp32") -> list[str]:
     """Greedy ``model.generate`` answers to ``prompts`` in ``precision`` (the output check's reference)."""
+    from bench.generate_inprocess import on_passing_thread
     from bench.naive_generate_server import generate
     from bench.naive_generate_server import load as load_model
-    from deployments.runtime.openmp import on_passing_thread
 
     def answers() -> list[str]:  # on a thread that ends: no OpenMP pool left to slow the design rows
         tokenizer, model = load_model(model_dir, precision)

@@ -1,202 +1,259 @@
-"""The accelerator run, prepared: the model in process on a GPU, torch and ONNX Runtime, fp32 and fp16.
+"""The prepared GPU check: is the service right on one NVIDIA GPU? One command, under 10 minutes:
 
-A session lent a GPU machine has minutes of it, a bare Python with torch there and nothing to download, so
-this is one short script with everything it needs carried along (docs/benchmarks.md "On a GPU"):
+    python bench/gpu_check.py            # or: python -m bench.gpu_check
 
-    # here: the model (weights stored in fp16, under 64 MiB) and the wheels the device lacks
-    python -m bench.gpu_check --pack .bench/gpu-pack --wheels
-    # there (device `run`, carry [".bench/gpu-pack"]):
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .bench/gpu-pack/wheels/*.whl \
-      && PYTHONPATH=/tmp/site:. python3 -m bench.gpu_check --model-dir .bench/gpu-pack/model --out "$OUT"
+on a machine with one CUDA GPU (H100/H200), from the project root with the models `.ci/setup` builds
+(all-MiniLM-L6-v2 and demo-gpt2-lm in models/). Each check prints PASS or FAIL with its figures; the exit
+code is 1 when any fails, 2 when there is no CUDA device. Checks:
 
-Per variant (torch fp32 / fp16 / bf16, ONNX Runtime fp32 / fp16) it measures the in-process rows of
-``bench.inprocess`` (b1, b32-sorted, b32-requests) and the lowest cosine of its vectors against torch fp32
-on the same device, and writes ``gpu_check.json`` and ``gpu_check.md``. A variant that cannot run there
-(ONNX Runtime without its CUDA execution provider, say) is reported with the reason, never dropped.
+1. embed precisions: bf16 and fp16 vectors against fp32 on the same GPU (cosine >= 0.99), sentences/s each;
+2. embed limit: the service's runner (backends.ready_runner) against a bare in-process torch forward at its
+   best batch on the same texts (the in-process CUDA limit), as a ratio;
+3. generate parity: greedy token ids on CUDA equal the CPU's; seeded sampling on CUDA repeats run to run;
+4. OOM split-and-retry: a real CUDA out-of-memory on a batch (memory capped) still answers every member;
+5. priority under bulk: the service on the GPU (Ray Serve, HTTP only), interactive p99 saturated by a batch
+   tenant within a stated bound of interactive p99 alone (bench/gpu_check_service.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import shutil
 import sys
-import tempfile
-from dataclasses import asdict
+import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script (python bench/gpu_check.py): the project's packages
+    sys.path.insert(0, str(ROOT))
 
-from bench.corpus import build_corpus
-from bench.inprocess import RowPlan, load_model_dir, make_runner, measure_runner
-from bench.report import points_table
-from bench.results import Point
-from bench.systems import min_cosine
+EMBED_MODEL = "all-MiniLM-L6-v2"
+GENERATE_MODEL = "demo-gpt2-lm"
+MIN_COSINE = 0.99
+MIN_LIMIT_RATIO = 0.5  # the service's runner reaches at least half the in-process limit
+TEXTS = 2048
+NO_GPU = "gpu_check: no CUDA device here (torch.cuda.is_available() is False); run it on a GPU machine"
 
-# What the GPU machine's Python lacks of what this script imports (it has torch, transformers, tokenizers,
-# onnx, onnxruntime and numpy): pydantic and its dependencies, for the project's config and manifests.
-WHEELS = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
-DEVICE_PYTHON = "3.12"
-VARIANTS = (("torch", "fp32"), ("torch", "fp16"), ("torch", "bf16"), ("onnx", "fp32"), ("onnx", "fp16"))
-PARITY_TEXTS = 64
+Check = Callable[[], tuple[bool, dict[str, Any]]]
 
 
-def _device_info(device: str) -> dict[str, Any]:
-    import torch
+def _texts(n: int = TEXTS) -> list[str]:
+    from deployments.tools.corpus import build_corpus
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__, "device": device}
-    if device == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import onnxruntime as ort
-
-        info["onnxruntime"] = ort.__version__
-        info["ort_providers"] = ort.get_available_providers()
-    except ImportError:
-        info["onnxruntime"] = None
-    return info
-
-
-def _model_dir_for(backend: str, precision: str, model_dir: Path, work: Path) -> Path:
-    """The directory a variant loads: the HF weights for torch, an export made here for ONNX Runtime."""
-    if backend == "torch":
-        return model_dir
-    from deployments.runtime.export_onnx import export
-
-    out = work / f"onnx-{precision}"
-    if not (out / "manifest.json").is_file():
-        export(model_dir, out, precision=precision)
-    return out
-
-
-def _load(model_dir: Path, precision: str, device: str) -> tuple[Any, Any]:
-    """A runner for ``model_dir`` in ``precision`` on ``device``, and the model's tokenizer."""
-    from preprocess.tokenize import TextTokenizer
-
-    model = load_model_dir(model_dir, precision)
-    return make_runner(model, device), TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
-
-
-def _vectors(runner: Any, tok: Any, texts: list[str]) -> np.ndarray:
-    return runner.run(list(tok.encode(texts, truncate=True).sequences())).values
-
-
-def run_check(model_dir: Path, out: Path, device: str, warmup_s: float, duration_s: float) -> dict[str, Any]:
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:  # the ONNX exports made on the way
-        return _run_variants(model_dir, out, Path(tmp), device, warmup_s, duration_s)
-
-
-def _run_variants(
-    model_dir: Path, out: Path, work: Path, device: str, warmup_s: float, duration_s: float
-) -> dict[str, Any]:
     texts = list(build_corpus().texts)
-    result: dict[str, Any] = {"machine": _device_info(device), "variants": [], "points": []}
-    reference = _vectors(*_load(model_dir, "fp32", device), texts[:PARITY_TEXTS])
-    for backend, precision in VARIANTS:
-        entry: dict[str, Any] = {"backend": backend, "precision": precision}
-        try:
-            if backend == "onnx" and device == "cuda":
-                import onnxruntime as ort
-
-                if "CUDAExecutionProvider" not in ort.get_available_providers():
-                    raise RuntimeError(f"onnxruntime {ort.__version__} here has no CUDA execution provider")
-            runner, tok = _load(_model_dir_for(backend, precision, model_dir, work), precision, device)
-            entry["cosine_min_vs_torch_fp32"] = min_cosine(
-                _vectors(runner, tok, texts[:PARITY_TEXTS]), reference
-            )
-            plan = RowPlan(warmup_s, duration_s)
-            points = measure_runner(f"{backend}-{precision}-{device}", runner, tok, texts, plan)
-            result["points"] += [asdict(p) for p in points]
-            entry["ran"] = True
-        except Exception as exc:  # one variant failing must not hide the others
-            entry.update(ran=False, reason=f"{type(exc).__name__}: {exc}")
-        print(json.dumps(entry), flush=True)
-        result["variants"].append(entry)
-    (out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (out / "gpu_check.md").write_text(render(result))
-    return result
+    return (texts * (n // len(texts) + 1))[:n]
 
 
-def render(result: dict[str, Any]) -> str:
-    lines = [
-        f"Machine: {json.dumps(result['machine'])}",
-        "",
-        "| variant | ran | cosine min vs torch fp32 | note |",
-    ]
-    lines.append("|---|---|---|---|")
-    for v in result["variants"]:
-        cos = v.get("cosine_min_vs_torch_fp32")
-        shown = "-" if cos is None else f"{cos:.5f}"
-        ran = "yes" if v.get("ran") else "no"
-        lines.append(f"| {v['backend']} {v['precision']} | {ran} | {shown} | {v.get('reason', '')} |")
-    lines += ["", points_table([Point(**p) for p in result["points"]]), ""]
-    return "\n".join(lines)
-
-
-def pack(dest: Path) -> Path:
-    """The default model with its weights stored in fp16 (half the size, so it travels) and a manifest
-    whose checksums match the new files; the device run reads it with ``--model-dir dest/model``."""
-    from safetensors.torch import load_file, save_file
-
+def _embed_model(precision: str) -> Any:
     from deployments.config import ModelConfig
-    from deployments.repository.manifest import sha256_of
     from deployments.repository.resolve import resolve_model
 
-    model = resolve_model(ModelConfig(), hash_files=True)
-    target = dest / "model"
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(
-        model.weights_dir, target, ignore=shutil.ignore_patterns("*.safetensors", "*.bin", "onnx*")
+    config = ModelConfig(name=EMBED_MODEL, task="embed", backend="torch", precision=precision)
+    return resolve_model(config, hash_files=False)
+
+
+def _sequences(model: Any, texts: list[str]) -> list[Any]:
+    from preprocess.tokenize import TextTokenizer
+
+    tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
+    return list(tok.encode(texts, truncate=True).sequences())
+
+
+def _rate(fn: Callable[[], Any], n: int, repeats: int = 3) -> tuple[Any, float]:
+    """``fn``'s last result and the best of ``repeats`` timed runs, as ``n`` per second."""
+    import torch
+
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return out, n / best
+
+
+def _min_cosine(a: Any, b: Any) -> float:
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1) + 1e-12)
+    return float(cos.min())
+
+
+def check_embed_precisions() -> tuple[bool, dict[str, Any]]:
+    from deployments.config import RuntimeConfig
+    from deployments.runtime.backends import ready_runner
+
+    texts, figures, vectors = _texts(), {}, {}
+    for precision in ("fp32", "bf16", "fp16"):
+        model = _embed_model(precision)
+        runner = ready_runner(model, "cuda", 64, graph=RuntimeConfig().torch_graph)
+        seqs = _sequences(model, texts)
+        result, rate = _rate(lambda r=runner, s=seqs: r.run(s), len(seqs))
+        vectors[precision] = result.values
+        figures[f"{precision}_sentences_per_s"] = round(rate, 1)
+        del runner
+    for precision in ("bf16", "fp16"):
+        figures[f"{precision}_min_cosine_vs_fp32"] = round(
+            _min_cosine(vectors[precision], vectors["fp32"]), 5
+        )
+    ok = all(figures[f"{p}_min_cosine_vs_fp32"] >= MIN_COSINE for p in ("bf16", "fp16"))
+    return ok, figures
+
+
+def check_embed_limit(precision: str = "bf16") -> tuple[bool, dict[str, Any]]:
+    """The bare model in process (mean pooling, no service code) at its best batch, and the runner."""
+    import numpy as np
+    import torch
+    from transformers import AutoModel
+
+    from deployments.config import RuntimeConfig
+    from deployments.runtime.backends import ready_runner
+    from deployments.runtime.torch_runner import DTYPES
+    from preprocess.tokenize import pad_token_id
+
+    model = _embed_model(precision)
+    seqs = sorted(_sequences(model, _texts()), key=len)
+    pad = pad_token_id(model.tokenizer_file)
+    bare = AutoModel.from_pretrained(str(model.weights_dir), dtype=DTYPES[precision]).cuda().eval()
+
+    @torch.inference_mode()
+    def bare_pass(batch: int) -> None:
+        for start in range(0, len(seqs), batch):
+            chunk = seqs[start : start + batch]
+            ids = np.full((len(chunk), max(map(len, chunk))), pad, dtype=np.int64)
+            for row, s in enumerate(chunk):
+                ids[row, : len(s)] = s
+            ids_t = torch.from_numpy(ids).cuda(non_blocking=True)
+            mask = (ids_t != pad).to(bare.dtype)
+            hidden = bare(input_ids=ids_t, attention_mask=mask.long()).last_hidden_state
+            pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+            torch.nn.functional.normalize(pooled.float(), dim=-1).cpu()
+
+    limits = {b: _rate(lambda b=b: bare_pass(b), len(seqs))[1] for b in (64, 256, 1024)}
+    best_batch = max(limits, key=limits.__getitem__)
+    runner = ready_runner(model, "cuda", 64, graph=RuntimeConfig().torch_graph)
+    _, service = _rate(lambda: runner.run(seqs), len(seqs))
+    ratio = service / limits[best_batch]
+    figures = {
+        "precision": precision,
+        "in_process_limit_sentences_per_s": round(limits[best_batch], 1),
+        "limit_batch": best_batch,
+        "service_runner_sentences_per_s": round(service, 1),
+        "ratio": round(ratio, 3),
+        "bound": f"ratio >= {MIN_LIMIT_RATIO}",
+    }
+    return ratio >= MIN_LIMIT_RATIO, figures
+
+
+def _generate(lm: Any, prompts: list[list[int]], sampling: list[Any], max_new: int) -> dict[str, Any]:
+    """Each prompt through the service's engine on ``lm``'s device: request id -> token ids (or error)."""
+    import threading
+
+    from deployments.runtime.generate.engine import Engine, EngineLimits
+
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    errors: dict[str, str] = {}
+    done = threading.Semaphore(0)
+
+    def sink(event: Any) -> None:
+        if event.token_id is not None:
+            tokens[event.request_id].append(event.token_id)
+        if event.finish is not None:
+            if event.finish == "error":
+                errors[event.request_id] = event.error or "error"
+            done.release()
+
+    engine = Engine(lm, (), EngineLimits())
+    engine.start()
+    try:
+        for i, prompt in enumerate(prompts):
+            engine.submit(str(i), prompt, max_new, sampling[i], sink)
+        for _ in prompts:
+            if not done.acquire(timeout=120):
+                raise TimeoutError("the engine did not finish every request in 120 s")
+    finally:
+        engine.stop()
+    return {"tokens": tokens, "errors": errors}
+
+
+def check_generate_parity(prompts_n: int = 6, max_new: int = 32) -> tuple[bool, dict[str, Any]]:
+    import random
+
+    from deployments.config import ModelConfig
+    from deployments.repository.resolve import resolve_model
+    from deployments.runtime.generate.load import load_causal_lm
+    from deployments.runtime.generate.sampling import Sampling
+
+    model = resolve_model(
+        ModelConfig(name=GENERATE_MODEL, task="generate", precision="fp32"), hash_files=False
     )
-    for weights in model.weights_dir.glob("*.safetensors"):
-        tensors = load_file(str(weights))
-        half = {k: (v.half() if v.is_floating_point() else v) for k, v in tensors.items()}
-        save_file({k: v.contiguous() for k, v in half.items()}, str(target / weights.name), {"format": "pt"})
-    files = {name: sha256_of(target / name) for name in model.manifest.files if (target / name).is_file()}
-    manifest = model.manifest.model_copy(update={"weights": ".", "files": files})
-    (target / "manifest.json").write_text(json.dumps(manifest.model_dump(mode="json"), indent=2) + "\n")
-    return target
+    cpu, gpu = load_causal_lm(model, "cpu"), load_causal_lm(model, "cuda")
+    rng = random.Random(5)
+    vocab = cpu.config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(rng.randrange(4, 40))] for _ in range(prompts_n)]
+    greedy = [Sampling()] * prompts_n
+    on_cpu, on_gpu = _generate(cpu, prompts, greedy, max_new), _generate(gpu, prompts, greedy, max_new)
+    same = sum(on_cpu["tokens"][k] == on_gpu["tokens"][k] for k in on_cpu["tokens"])
+    sampled = [Sampling(0.8, 0.9, seed=100 + i) for i in range(prompts_n)]
+    first, second = _generate(gpu, prompts, sampled, max_new), _generate(gpu, prompts, sampled, max_new)
+    figures = {
+        "greedy_equal_prompts": f"{same}/{prompts_n}",
+        "sampled_errors": len(first["errors"]) + len(second["errors"]),
+        "sampled_repeat": first["tokens"] == second["tokens"],
+        "sampled_tokens": sum(map(len, first["tokens"].values())),
+    }
+    ok = same == prompts_n and not on_cpu["errors"] and not on_gpu["errors"]
+    ok = ok and figures["sampled_errors"] == 0 and figures["sampled_repeat"]
+    return ok and figures["sampled_tokens"] == prompts_n * max_new, figures
 
 
-def download_wheels(dest: Path) -> list[Path]:
-    """The versions installed here of ``WHEELS``, as x86-64 wheels for the device's Python."""
-    import importlib.metadata
-    import subprocess
-
-    dest.mkdir(parents=True, exist_ok=True)
-    pins = [f"{name}=={importlib.metadata.version(name)}" for name in WHEELS]
-    platforms = [f"--platform=manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28)] + [
-        "--platform=manylinux2014_x86_64"
-    ]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
-    cmd += [f"--python-version={DEVICE_PYTHON}", "--implementation=cp", *platforms, *pins]
-    subprocess.run(cmd, check=True)
-    return sorted(dest.glob("*.whl"))
+def run_checks(checks: dict[str, Check]) -> bool:
+    passed = True
+    for name, check in checks.items():
+        t0 = time.perf_counter()
+        try:
+            ok, figures = check()
+        except Exception as exc:  # one check failing must not hide the others
+            traceback.print_exc()
+            ok, figures = False, {"error": f"{type(exc).__name__}: {exc}"}
+        seconds = time.perf_counter() - t0
+        shown = "  ".join(f"{k}={v}" for k, v in figures.items())
+        print(f"{'PASS' if ok else 'FAIL'}  {name} ({seconds:.0f} s)  {shown}", flush=True)
+        passed = passed and ok
+    return passed
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.gpu_check_service import check_oom_split, check_priority
+
+    all_checks: dict[str, Check] = {
+        "embed-precisions": check_embed_precisions,
+        "embed-limit": check_embed_limit,
+        "generate-parity": check_generate_parity,
+        "oom-split-retry": check_oom_split,
+        "priority-under-bulk": check_priority,
+    }
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pack", type=Path, help="write the travelling model into this folder and stop")
-    parser.add_argument("--wheels", action="store_true", help="with --pack: also the wheels the device lacks")
-    parser.add_argument("--model-dir", type=Path, help="model version dir holding manifest.json")
-    parser.add_argument("--out", type=Path, default=Path(".bench/gpu-check"))
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--only", nargs="+", choices=list(all_checks), help="run these checks only")
     ns = parser.parse_args(argv)
-    if ns.pack:
-        print(f"packed {pack(ns.pack)}")
-        if ns.wheels:
-            print("wheels:", *(w.name for w in download_wheels(ns.pack / "wheels")))
-        return 0
-    if ns.model_dir is None:
-        parser.error("--model-dir is required (or --pack)")
-    run_check(ns.model_dir, ns.out, ns.device, ns.warmup, ns.duration)
-    return 0
+    from deployments.config import RuntimeConfig
+    from deployments.runtime.cuda_memory import apply_alloc_conf
+
+    apply_alloc_conf(RuntimeConfig().cuda_alloc_conf)  # as a replica does, before CUDA initializes
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NO_GPU, file=sys.stderr)
+        return 2
+    print(f"gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}", flush=True)
+    chosen = {k: v for k, v in all_checks.items() if not ns.only or k in ns.only}
+    passed = run_checks(chosen)
+    print("ALL PASS" if passed else "SOME CHECKS FAILED", flush=True)
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

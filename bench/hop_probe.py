@@ -22,13 +22,20 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.idle_pass import parse_pauses
 from bench.results import percentile
 
 TRANSPORTS = ("tcp", "grpc-aio", "grpc-sync")
 PAYLOAD = b"x" * 300  # about a pickled single-text request
 WARM_UP = 20  # calls before the timed ones, so the connection and its threads exist
 _METHOD = "/probe.Probe/Echo"
+
+
+def parse_pauses(text: str) -> list[float]:
+    """``"5,20,100"`` (milliseconds) -> seconds."""
+    pauses = [float(p) / 1000 for p in text.split(",") if p.strip()]
+    if not pauses or any(p < 0 for p in pauses):
+        raise argparse.ArgumentTypeError(f"expected milliseconds like 5,20,100, got {text!r}")
+    return pauses
 
 
 def _stamp() -> bytes:

@@ -6,13 +6,16 @@ servers are measured):
     python -m bench.inprocess --request req.json --out out.json
 
 The request names model directories (each holding a ``manifest.json``; the manifest's format picks
-torch or ONNX Runtime) and the texts. Three rows per model:
+torch or ONNX Runtime) and the texts. The model runs with the libraries directly, not through the service's
+code: ``tokenizers`` for the tokenizer file, ``transformers`` + torch with the manifest's pooling for
+``format: transformers``, ``onnxruntime`` on ``model.onnx`` (pooling inside the export) for ``format: onnx``.
+Three rows per model:
 
 - ``b1``: one text per call;
 - ``b32-sorted``: the whole corpus sorted by token count, cut into groups of 32 (the groups in shuffled
   order), one forward pass per group: almost no padding, the limit;
 - ``b32-requests``: W2's own requests (the same consecutive groups of 32 texts the load generator
-  sends), one call each, cut into forward passes as the service cuts them (its micro-batch limits):
+  sends), one call each, cut into length-sorted forward passes within the service's micro-batch limits:
   what the model alone does with exactly the texts the service gets, one request at a time.
 
 It also computes reference embeddings for the correctness check of every HTTP system, with plain
@@ -23,56 +26,212 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import json
 import random
 import sys
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.corpus import batches
+import numpy as np
+
 from bench.machine import OtherLoadProbe, wait_for_quiet
 from bench.results import REQUESTS_SUFFIX, Point, retry_disturbed, summarize
+from deployments.repository.manifest import load_manifest, weights_dir_of
+from deployments.tools.corpus import batches
 
 MAX_CALLS = 1_000_000
+ONNX_FILE = "model.onnx"
+PAD_TOKENS = ("[PAD]", "<pad>", "<|padding|>")
 
 
-def load_model_dir(model_dir: Path, precision: str = "fp32") -> Any:
-    """The ResolvedModel described by ``model_dir/manifest.json`` (checked, without hashing files); torch
-    weights load in ``precision``."""
-    from deployments.repository.manifest import ResolvedModel, load_manifest, weights_dir_of
-    from deployments.repository.weights_check import check_weights
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a model directory's ``manifest.json`` says, with the absolute path of its weights."""
 
+    manifest: Any  # deployments.repository.manifest.Manifest
+    weights_dir: Path
+
+    @property
+    def tokenizer_file(self) -> Path:
+        return self.weights_dir / self.manifest.input.tokenizer
+
+
+def load_model_dir(model_dir: Path) -> ModelFiles:
     path = (model_dir / "manifest.json").resolve()
     manifest = load_manifest(path)
-    weights = weights_dir_of(manifest, path)
-    check_weights(manifest, weights, path, False)
-    if precision == "fp32":  # checkouts before half precision have no such field
-        return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights)
-    return ResolvedModel(manifest=manifest, manifest_path=path, weights_dir=weights, precision=precision)
+    if manifest.task != "embed":
+        raise ValueError(f"{path}: task {manifest.task!r}; the in-process rows measure embedding models")
+    return ModelFiles(manifest, weights_dir_of(manifest, path))
 
 
-def make_runner(
-    model: Any, device: str = "cpu", threads: int | None = None, parallel: int = 1, graph: str = "eager"
-) -> Any:
-    try:
-        from deployments.runtime.backends import create_runner
-    except ImportError:  # before the backends module existed: torch only
+def plan_passes(
+    lengths: list[int], max_sequences: int, max_tokens: int, at_least: int = 1
+) -> list[list[int]]:
+    """Indices sorted by length, cut into forward passes of at most ``max_sequences`` texts and
+    ``max_tokens`` padded tokens (a text longer than that runs alone), and into at least ``at_least``
+    passes where there are that many texts (so that parallel passes have something to share)."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    per_pass = max(1, min(max_sequences, -(-len(order) // max(1, at_least))))
+    passes: list[list[int]] = []
+    for i in order:
+        current = passes[-1] if passes else None
+        if current is not None and len(current) < per_pass and lengths[i] * (len(current) + 1) <= max_tokens:
+            current.append(i)
+        else:
+            passes.append([i])
+    return passes
+
+
+class Embedder:
+    """Tokenize + forward + pool of one embedding model, with torch/transformers or ONNX Runtime.
+
+    ``precision`` (fp32, fp16, bf16) and ``graph`` (eager, or trace: one frozen TorchScript graph) are the
+    torch model's; ``threads`` is the intra-op threads per pass (None: the library's default) and
+    ``parallel`` the passes of one call run at once, each on its own thread."""
+
+    def __init__(
+        self,
+        files: ModelFiles,
+        device: str = "cpu",
+        precision: str = "fp32",
+        graph: str = "eager",
+        threads: int | None = None,
+        parallel: int = 1,
+    ) -> None:
+        from tokenizers import Tokenizer
+
+        self.files = files
+        self.max_tokens = files.manifest.input.max_tokens
+        self.tokenizer = Tokenizer.from_file(str(files.tokenizer_file))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(self.max_tokens)
+        self.pad_id = _pad_id(self.tokenizer)
+        self.parallel = parallel
+        self._pool = ThreadPoolExecutor(parallel, initializer=self._set_threads) if parallel > 1 else None
+        self.threads = threads
+        self._set_threads()
+        if files.manifest.format == "onnx":
+            self._forward = self._onnx(device, threads)
+        else:
+            self._forward = self._torch(device, precision, graph)
+
+    def _set_threads(self) -> None:
+        if self.threads is not None and self.files.manifest.format != "onnx":
+            import torch
+
+            torch.set_num_threads(self.threads)
+
+    def _onnx(self, device: str, threads: int | None) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = threads
+        providers = ["CUDAExecutionProvider"] if device == "cuda" else []
+        session = ort.InferenceSession(
+            str(self.files.weights_dir / ONNX_FILE), options, providers=[*providers, "CPUExecutionProvider"]
+        )
+        output = session.get_outputs()[0].name
+
+        def forward(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            (values,) = session.run([output], {"input_ids": ids, "attention_mask": mask})
+            return np.asarray(values, dtype=np.float32)
+
+        return forward
+
+    def _torch(self, device: str, precision: str, graph: str) -> Any:
         import torch
+        from transformers import AutoModel
 
-        from deployments.runtime.torch_runner import ModelRunner
-        from preprocess.tokenize import pad_token_id
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
+        dev = torch.device(device)
+        model = AutoModel.from_pretrained(str(self.files.weights_dir), dtype=dtype).to(dev).eval()
+        head = _pooled_head(model, self.files.manifest.pooling, self.files.manifest.normalize)
+        if graph == "trace":
+            mask = torch.ones((2, 8), dtype=torch.long, device=dev)
+            mask[1, 5:] = 0  # padded, so that the mask's path is what gets recorded
+            example = (torch.ones_like(mask), mask)
+            with torch.inference_mode(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", torch.jit.TracerWarning)
+                head = torch.jit.freeze(torch.jit.trace(head, example, check_trace=False).eval())
 
-        if getattr(model.manifest, "format", "transformers") != "transformers":
-            raise RuntimeError(
-                "this checkout has no deployments.runtime.backends for non-torch models"
-            ) from None
-        return ModelRunner(model, torch.device("cpu"), pad_token_id(model.tokenizer_file))
-    if (threads, parallel, graph) == (None, 1, "eager"):  # checkouts before these settings
-        return create_runner(model, device=device)
-    return create_runner(model, device=device, threads=threads, parallel_passes=parallel, graph=graph)
+        @torch.inference_mode()
+        def forward(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            out = head(torch.from_numpy(ids).to(dev), torch.from_numpy(mask).to(dev))
+            return out.float().cpu().numpy()
+
+        return forward
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts)]
+
+    def lengths(self, texts: list[str]) -> list[int]:
+        return [len(ids) for ids in self.encode(texts)]
+
+    def _pass(self, sequences: list[list[int]]) -> np.ndarray:
+        width = max(len(s) for s in sequences)
+        ids = np.full((len(sequences), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(sequences), width), dtype=np.int64)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = seq
+            mask[row, : len(seq)] = 1
+        return self._forward(ids, mask)
+
+    def embed(
+        self, texts: list[str], max_sequences: int | None = None, max_tokens: int | None = None
+    ) -> np.ndarray:
+        """The texts' embeddings in order, through passes of at most ``max_sequences`` texts and
+        ``max_tokens`` padded tokens (default: one pass for all)."""
+        sequences = self.encode(texts)
+        passes = plan_passes(
+            [len(s) for s in sequences],
+            max_sequences or len(sequences),
+            max_tokens or len(sequences) * self.max_tokens,
+            self.parallel,
+        )
+        mapped = self._pool.map if self._pool is not None else map
+        outputs = list(mapped(lambda idx: self._pass([sequences[i] for i in idx]), passes))
+        result = np.empty((len(texts), outputs[0].shape[1]), dtype=np.float32)
+        for idx, values in zip(passes, outputs, strict=True):
+            result[idx] = values
+        return result
+
+
+def _pad_id(tokenizer: Any) -> int:
+    if tokenizer.padding:
+        return int(tokenizer.padding["pad_id"])
+    for token in PAD_TOKENS:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is not None:
+            return int(token_id)
+    return 0  # masked out either way
+
+
+def _pooled_head(model: Any, pooling: str | None, normalize: bool) -> Any:
+    """``model`` with the manifest's pooling (mean over real tokens, or the first token) and L2 norm."""
+    import torch
+
+    class Pooled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            if pooling == "cls":
+                pooled = hidden[:, 0]
+            else:
+                weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)
+            if normalize:
+                pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return pooled
+
+    return Pooled().eval()
 
 
 @dataclass(frozen=True)
@@ -100,18 +259,6 @@ def rows_for(
         Row("b32-sorted", sorted32, 32, 32 * max_tokens),
         Row(f"b{request_texts}{REQUESTS_SUFFIX}", batches(texts, request_texts), *micro_batch),
     ]
-
-
-def run_batch(runner: Any, sequences: list[Any], batch: int, max_tokens: int) -> None:
-    """``runner.run`` with at most ``batch`` sequences and ``max_tokens`` padded tokens per forward
-    pass, whichever run() signature the checkout has."""
-    params = inspect.signature(runner.run).parameters
-    if "limits" in params:
-        from deployments.pipeline.batching import BatchLimits
-
-        runner.run(sequences, BatchLimits(max_sequences=batch, max_tokens=max_tokens))
-    else:
-        runner.run(sequences, max_batch=batch)
 
 
 def sorted_groups(lengths: list[int], size: int, seed: int) -> list[list[int]]:
@@ -156,24 +303,21 @@ def measure_model(
     threads: int | None = None,
     parallel: int = 1,
 ) -> list[Point]:
-    from preprocess.tokenize import TextTokenizer
-
-    model = load_model_dir(model_dir, precision)
-    tok = TextTokenizer(model.tokenizer_file, model.manifest.input.max_tokens)
-    runner = make_runner(model, device, threads, parallel, graph)
-    return measure_runner(label, runner, tok, texts, plan)
+    embedder = Embedder(load_model_dir(model_dir), device, precision, graph, threads, parallel)
+    return measure_embedder(label, embedder, texts, plan)
 
 
-def measure_runner(label: str, runner: Any, tok: Any, texts: list[str], plan: RowPlan) -> list[Point]:
-    """The rows of ``rows_for`` through a loaded runner and its tokenizer (a ``TextTokenizer``)."""
-    max_tokens = tok.max_tokens
-    lengths = [int(n) for n in tok.encode(texts, truncate=True).lengths]
+def measure_embedder(label: str, embedder: Any, texts: list[str], plan: RowPlan) -> list[Point]:
+    """The rows of ``rows_for`` through a loaded model: ``embedder`` has ``max_tokens``, ``lengths(texts)``
+    (token counts) and ``embed(texts, max_sequences, max_tokens)`` (an ``Embedder``, or anything alike)."""
+    lengths = embedder.lengths(texts)
     points = []
-    for spec in rows_for(texts, lengths, max_tokens, plan.seed, plan.request_texts, plan.micro_batch):
+    for spec in rows_for(
+        texts, lengths, embedder.max_tokens, plan.seed, plan.request_texts, plan.micro_batch
+    ):
 
         def call(group: list[str], spec: Row = spec) -> None:
-            enc = tok.encode(group, truncate=True)
-            run_batch(runner, list(enc.sequences()), spec.pass_sequences, spec.pass_tokens)
+            embedder.embed(group, spec.pass_sequences, spec.pass_tokens)
 
         row = functools.partial(
             _measure_row,

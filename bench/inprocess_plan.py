@@ -21,15 +21,15 @@ import yaml
 
 from bench import report
 from bench.cli import WORK_DIR, Options
-from bench.corpus import Corpus
 from bench.results import Point, RunReport, SystemInfo
 from bench.service import ROOT, load_config
+from deployments.tools.corpus import Corpus
 
 
 def ensure_onnx_export(model_dir: Path, log: Path) -> Path:
     """``python -m deployments.runtime.export_onnx`` into .bench (re-done when the exporter changes)."""
     out = WORK_DIR / "onnx-export" / "-".join(model_dir.resolve().parts[-2:])
-    exporter = ROOT / "deployments" / "export_onnx.py"
+    exporter = ROOT / "deployments" / "runtime" / "export_onnx.py"
     manifest = out / "manifest.json"
     if manifest.is_file() and exporter.is_file() and manifest.stat().st_mtime > exporter.stat().st_mtime:
         return out

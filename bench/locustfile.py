@@ -22,7 +22,7 @@ from pathlib import Path
 from locust import FastHttpUser, constant, task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.corpus import build_corpus
+from deployments.tools.corpus import build_corpus
 
 ROUTE = os.environ.get("BENCH_ROUTE", "/v1/embeddings")
 MODEL = os.environ.get("BENCH_MODEL", "all-MiniLM-L6-v2")

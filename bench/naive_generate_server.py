@@ -26,11 +26,11 @@ import torch
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 def load(model_dir: Path, precision: str = "fp32") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from deployments.runtime.generate.load import DTYPES
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[precision]).eval()
@@ -100,7 +100,7 @@ def create_app(model_dir: Path, model_name: str, precision: str = "fp32") -> Any
     from fastapi import FastAPI
 
     # Every torch call (load, warm-up, each generation) on this one thread: a second thread holding an OpenMP
-    # pool would make libgomp's workers sleep between operators (deployments/runtime/openmp.py).
+    # pool would make libgomp's workers sleep between operators.
     torch_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
     tokenizer, model = torch_thread.submit(load, model_dir, precision).result()
     torch_thread.submit(generate, tokenizer, model, [{"role": "user", "content": "warm-up"}], 4).result()

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from bench import loadgen, report, systems
 from bench.cli import Options
-from bench.corpus import batches
 from bench.results import Point, retry_disturbed
 from bench.runner import WORK_DIR, ensure_work_dir, prepare_corpus, servers
+from deployments.tools.corpus import batches
 
 
 @dataclass(frozen=True)

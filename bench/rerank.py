@@ -27,11 +27,11 @@ import yaml
 
 from bench import infinity, procs
 from bench.cli import ROOT, WORK_DIR
-from bench.corpus import build_corpus
 from bench.loadgen import Requests, Target, Timing, measure
 from bench.results import Point
 from bench.service import RayServeService, ServiceVariant
 from deployments.repository.demo_models import DEMOS, VERSION, build
+from deployments.tools.corpus import build_corpus
 
 CROSS = next(s for s in DEMOS if s.task == "rerank")
 RESULT_KEY = b'"relevance_score":'

@@ -33,10 +33,10 @@ from bench import (
     systems,
 )
 from bench.cli import WORK_DIR, Options
-from bench.corpus import Corpus, batches, build_corpus
 from bench.inprocess_plan import run_inprocess, served_torch_spec
 from bench.results import Point, RunReport, SystemInfo, retry_disturbed
 from bench.service import ROOT, load_config
+from deployments.tools.corpus import Corpus, batches, build_corpus
 
 CHECK_TEXTS = 8
 OPEN_LOOP_PLOT = "open-loop.png"  # beside plot.png

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.corpus import build_corpus
 from bench.openloop import drive, pick_bodies, poisson_schedule
 from bench.results import percentile
+from deployments.tools.corpus import build_corpus
 
 BINS = (0, 32, 64, 128)  # token-count bins' lower edges; the last bin is open above
 WARM_UP_S = 3.0  # arrivals before this are sent but not counted

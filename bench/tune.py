@@ -27,9 +27,9 @@ import yaml
 
 from bench import config_edit, loadgen, systems
 from bench.cli import WORK_DIR
-from bench.corpus import batches
 from bench.results import Point
 from bench.service import RayServeService, ServiceVariant, load_config, parse_env_pair
+from deployments.tools.corpus import batches
 
 DEFAULT_GRID: dict[str, list[Any]] = {
     "max_batch_size": [8, 16, 32, 64],

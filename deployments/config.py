@@ -182,15 +182,15 @@ class GenerationConfig(_Frozen):
     packed_weights: bool = Field(
         default=True,
         description="fp32 on CPU: run the model's linear layers on oneDNN with weights packed once at "
-        "load (deployments/runtime/generate/packed.py): a decode step of 8 rows 2.5x faster than PyTorch's "
-        "default kernel on the benchmark machine (python -m bench.engine_kernels). Costs the linear weights' "
-        "memory once more while loading. Ignored for other precisions and on a GPU.",
+        "load (deployments/runtime/generate/packed.py): faster small-batch decode steps than PyTorch's "
+        "default kernel. Costs the linear weights' memory once more while loading; turn it off where "
+        "memory is short. Ignored for other precisions and on a GPU.",
     )
     row_group_attention: bool = Field(
         default=True,
         description="A decode step's attention by groups of rows of similar length, each over its own "
         "longest row rather than the batch's (deployments/runtime/generate/row_attention.py): less padding "
-        "read at mixed lengths (python -m bench.engine_kernels). Needs the model on SDPA; otherwise ignored.",
+        "read at mixed lengths. Needs the model on SDPA; otherwise ignored.",
     )
 
 

@@ -106,9 +106,9 @@ class PipelineConfig(_Frozen):
         le=1.0,
         description="Share of requests that name no version sent to the candidate version (canary).",
     )
-    # The one size-based shortcut (docs/architecture.md, "Paths"): a small group's tokenizing and serializing
-    # cost less than the two hops to the stage replicas. Larger groups (bulk) go to the stages, which work
-    # beside the pipeline. Its inference runs in Inference either way.
+    # The one size-based shortcut (docs/architecture.md, "The paths a request can take"): a small
+    # group's tokenizing and serializing cost less than the two hops to the stage replicas. Larger groups
+    # (bulk) go to the stages, which work beside the pipeline. Its inference runs in Inference either way.
     inline_chars: int = Field(
         default=8192,
         ge=0,

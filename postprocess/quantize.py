@@ -2,7 +2,7 @@
 
 The same arithmetic as ``sentence_transformers.quantization.quantize_embeddings`` (tests check it),
 written out so that the serving path does not import sentence-transformers. The int8 ranges are the
-model's own, calibrated once and recorded in its manifest (``deployments.repository.calibrate``): each
+model's own, calibrated once and recorded in its manifest (``deployments.tools.calibrate``): each
 request is then quantized the same way, however few texts it holds.
 """
 

@@ -155,6 +155,6 @@ def check_embedding_types(types: Sequence[str], calibrated: bool) -> None:
     if not calibrated and any(t in ("int8", "uint8") for t in types):
         raise InvalidRequestError(
             "embedding_types int8 and uint8 need calibrated ranges, which this model's manifest lacks "
-            "(python -m deployments.repository.calibrate); float, binary and ubinary work",
+            "(python -m deployments.tools.calibrate); float, binary and ubinary work",
             "embedding_types",
         )

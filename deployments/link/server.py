@@ -1,12 +1,12 @@
 """The pipeline replica's end of the link: a Unix socket server that runs each request through the same
 ``Model.run`` that Serve's handle calls.
 
-Serve's handle between two replicas wakes several gRPC threads per call; a Unix socket read by the
-replica's own event loop costs a fraction of that (docs/architecture.md, "Paths"). Serve does not count
-these requests as the replica's ongoing ones. The router stops sending here once Serve stops routing to
-this replica (its cards stop coming: ``client.py``); if Serve calls ``__del__`` in time, the replica also
-refuses new link requests there (the router sends them by the handle) and waits for those in flight
-before it exits.
+Serve's handle between two replicas wakes several gRPC threads per call; a Unix socket read by the replica's
+own event loop costs a fraction of that (docs/architecture.md, "The paths a request can take"). Serve does
+not count these requests as the replica's ongoing ones. The router stops sending here once Serve stops
+routing to this replica (its cards stop coming: ``client.py``); if Serve calls ``__del__`` in time, the
+replica also refuses new link requests there (the router sends them by the handle) and waits for those in
+flight before it exits.
 """
 
 from __future__ import annotations

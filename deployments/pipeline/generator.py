@@ -26,15 +26,15 @@ from tokenizers import Tokenizer
 from contracts.errors import DeadlineExceededError, ModelExecutionError, OverloadedError, ServiceError
 from contracts.outputs import GenerationDelta, ModelIdentity
 from contracts.tokenized import GenerationJob
-from deployments.config import GenerationConfig, ObservabilityConfig
+from deployments.config import GenerationConfig, ObservabilityConfig, RuntimeConfig
 from deployments.observability.generation_metrics import GenerationMetrics
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard
 from deployments.repository.manifest import ResolvedModel
+from deployments.runtime.cuda_memory import CacheRelease, apply_alloc_conf
 from deployments.runtime.generate.engine import Engine, EngineFullError, EngineLimits, TokenEvent
 from deployments.runtime.generate.load import load_causal_lm
 from deployments.runtime.generate.sampling import Sampling
-from deployments.runtime.openmp import on_passing_thread
 from postprocess.completions import FinishReason, Usage
 from postprocess.detokenize import IncrementalDetokenizer, StopMatcher
 from preprocess.generation import GenerationParams, PromptBuilder, generation_params
@@ -52,8 +52,15 @@ _ids = itertools.count()
 )
 class GeneratorDeployment:
     def __init__(
-        self, model: ResolvedModel, device: str, config: GenerationConfig, observability: ObservabilityConfig
+        self,
+        model: ResolvedModel,
+        device: str,
+        config: GenerationConfig,
+        observability: ObservabilityConfig,
+        runtime: RuntimeConfig | None = None,
     ) -> None:
+        runtime = runtime or RuntimeConfig()
+        apply_alloc_conf(runtime.cuda_alloc_conf)  # before anything here touches CUDA
         setup_replica(observability)
         self._model = model
         self._config = config
@@ -62,12 +69,10 @@ class GeneratorDeployment:
         if config.intra_op_threads:
             torch.set_num_threads(config.intra_op_threads)
         limits = EngineLimits.of(config)
-        # Loaded on a thread that ends here, so the engine's thread holds this process's only OpenMP pool.
-        lm = on_passing_thread(
-            lambda: load_causal_lm(
-                model, device, packed=config.packed_weights, row_groups=config.row_group_attention
-            )
+        lm = load_causal_lm(
+            model, device, packed=config.packed_weights, row_groups=config.row_group_attention
         )
+        self._release = CacheRelease(lm.device, runtime.cuda_cache_release_fraction)
         self._engine = Engine(lm, self._prompts.eos_token_ids, limits, self._step)
         info = {"version": model.manifest.version, "backend": "torch", "device": str(lm.device)}
         self._metrics = GenerationMetrics(model.manifest.name, info, self._engine.stats)
@@ -77,7 +82,9 @@ class GeneratorDeployment:
         log.info("generate model %s v%s ready: %s", model.manifest.name, model.manifest.version, limits)
 
     def _step(self, rows: int, seconds: float) -> None:
+        """On the engine's thread, after each decode step."""
         self._metrics.batch_rows.observe(rows)
+        self._release()
 
     def card(self) -> ModelCard:
         manifest = self._model.manifest

@@ -39,6 +39,7 @@ from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import recheck_on_replica
 from deployments.runtime.backends import ready_runner
 from deployments.runtime.batching import AdaptiveWaitWindow, BatchLimits
+from deployments.runtime.cuda_memory import apply_alloc_conf
 from deployments.user_config import BatchingConfig, PipelineConfig
 
 log = logging.getLogger("textserve.inference")
@@ -99,8 +100,7 @@ class InferenceDeployment:
         self._tracing = setup_replica(observability)
         profile = runtime.torch_profiler
         self._profiler = BatchProfiler(profile.enabled, profile.out_dir, profile.batches)
-        if runtime.cuda_alloc_conf:
-            os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", runtime.cuda_alloc_conf)
+        apply_alloc_conf(runtime.cuda_alloc_conf)  # before the model touches CUDA
         recheck_on_replica(model, runtime.verify_checksums)
         manifest = model.manifest
         self._output = OutputMaker.of(model)

@@ -138,7 +138,7 @@ def build(
     (target / "README.md").write_text(f"# {spec.name}\n\n{NOTICE.capitalize()}.\n", encoding="utf-8")
     _write_manifest(spec, target)
     if spec.calibrate:
-        from deployments.repository.calibrate import calibrate
+        from deployments.tools.calibrate import calibrate
 
         calibrate(target)
     if onnx and spec.onnx:

@@ -53,7 +53,7 @@ class OutputSignature(_Strict):
 
 class Quantization(_Strict):
     """Per-dimension (min, max) of the model's embeddings over a calibration corpus: the int8/uint8 buckets
-    (``python -m deployments.repository.calibrate``)."""
+    (``python -m deployments.tools.calibrate``)."""
 
     ranges: tuple[tuple[float, ...], tuple[float, ...]]
     corpus: str = Field(default="", description="What the ranges were calibrated on, and how many texts.")

@@ -5,7 +5,7 @@ pass's time, and each operator re-takes the GIL, so two passes on two threads (`
 queue for it. A traced, frozen graph runs all operators in C++ with the GIL released. Tracing records
 one example's path, so the graph is checked against the eager model on other shapes (padded rows,
 one token, a single row) before it is used: the service refuses to start on a mismatch rather than
-serve different vectors (docs/benchmarks.md "A traced graph").
+serve different vectors (docs/architecture.md, decision log).
 """
 
 from __future__ import annotations

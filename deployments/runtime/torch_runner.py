@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
 
 from deployments.repository.manifest import ManifestError, ResolvedModel
+from deployments.runtime.cuda_memory import CacheRelease
 from deployments.runtime.runner_base import BatchRunner
 from deployments.runtime.torch_graph import eager_head, traced_head
 from preprocess.tokenize import sep_token_id
@@ -53,7 +54,7 @@ class ModelRunner(BatchRunner):
             raise ValueError(f"torch_graph must be eager or trace, not {graph!r}")
         super().__init__(model, pad_id)
         self.device = device
-        self._cache_release_fraction = cache_release_fraction
+        self._cache_release = CacheRelease(device, cache_release_fraction)
         cls = MODEL_CLASSES[self.task]
         self.model = (
             cls.from_pretrained(str(model.weights_dir), dtype=DTYPES[model.precision]).to(device).eval()
@@ -96,9 +97,4 @@ class ModelRunner(BatchRunner):
             torch.cuda.empty_cache()
 
     def _after_batch(self) -> None:
-        # Releasing the allocator cache on every batch costs a sync and re-allocation: only above a threshold.
-        if self.device.type != "cuda":
-            return
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        if torch.cuda.memory_reserved(self.device) > self._cache_release_fraction * total:
-            torch.cuda.empty_cache()
+        self._cache_release()  # only above the threshold: a release costs a sync and fresh allocations

@@ -1,13 +1,13 @@
 """Calibrate a model's int8/uint8 embedding ranges and record them in its manifest.
 
-    python -m deployments.repository.calibrate --model models/all-MiniLM-L6-v2/1
-    python -m deployments.repository.calibrate --model models/demo-mini-embedder/1 --texts 500
+    python -m deployments.tools.calibrate --model models/all-MiniLM-L6-v2/1
+    python -m deployments.tools.calibrate --model models/demo-mini-embedder/1 --texts 500
 
 Compact embeddings (``embedding_types`` int8 and uint8) cut each dimension into 256 buckets between its
 minimum and maximum over a calibration set (sentence-transformers' ``quantize_embeddings``). Computing
 them per request would make one text's int8 vector depend on the other texts it arrived with, so they
-are computed once here, over the benchmark's corpus of real English prose (``bench/corpus.py``, built from
-the Python docs, offline), with the model in fp32, and written to ``quantization.ranges``.
+are computed once here, over the benchmark's corpus of real English prose (``deployments/tools/corpus.py``,
+built from the Python docs, offline), with the model in fp32, and written to ``quantization.ranges``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.corpus import build_corpus
 from deployments.repository.manifest import ResolvedModel, load_manifest, weights_dir_of
 from deployments.runtime.backends import create_runner
+from deployments.tools.corpus import build_corpus
 from postprocess.quantize import calibration_ranges
 from preprocess.tokenize import TextTokenizer
 
@@ -52,7 +52,7 @@ def calibrate(model_dir: Path, count: int = DEFAULT_TEXTS) -> np.ndarray:
     data = json.loads(path.read_text(encoding="utf-8"))
     data["quantization"] = {
         "ranges": ranges.tolist(),
-        "corpus": f"{len(corpus)} texts of bench/corpus.py (seed 0), fp32",
+        "corpus": f"{len(corpus)} texts of deployments/tools/corpus.py (seed 0), fp32",
     }
     path.write_text(dumps_manifest(data), encoding="utf-8")
     load_manifest(path)  # what was written must load

@@ -1,5 +1,10 @@
 """A deterministic corpus of real English text of varied length, built from text that ships with Python.
 
+    python -m deployments.tools.corpus      # its statistics and a few texts
+
+What ``deployments.tools.calibrate`` calibrates int8 ranges on, and the texts of the benchmark (``bench/``),
+which imports ``build_corpus``, ``Corpus`` and ``batches`` from here. Pure Python, offline, no service code.
+
 The source is ``pydoc_data.topics`` (the language reference's prose, as ``help()`` shows it). Code
 blocks, grammar rules, headings and footnotes are dropped; the prose is split into sentences and
 consecutive sentences are grouped into texts of 5-120 words (mean about 30, long tail), then shuffled

@@ -14,9 +14,12 @@ output is ``k8s/rayservice.yaml`` for serve_config.yaml, ``k8s/rayservice.<confi
 ``null`` removes a key, anything else replaces), except that ``applications`` and their ``deployments`` merge
 item by item: an overlay item selects by ``name`` and, for applications, ``import_path`` (shell-style
 patterns, all given must match; ``"*"`` is every application, ``"*Inference"`` both Inference and
-CandidateInference), and merges into every item it selects. Its ``defaults`` mapping fills in only what the
-config leaves unset. A selector matching nothing is an error, so a renamed deployment cannot silently lose
-its cluster settings. YAML anchors and merge keys in the inputs come out resolved: plain YAML.
+CandidateInference), and merges into every item it selects. An application item may also select by ``task``,
+the model's task (``args.model.task``; a ``build_model`` application that names none has ModelConfig's
+default), where a pattern starting with ``!`` selects every other task. Its ``defaults`` mapping fills in only
+what the config leaves unset. A selector matching nothing is an error, so a renamed deployment cannot silently
+lose its cluster settings; only an application item that selects by ``task`` may match none (a config that
+serves no model of that task). YAML anchors and merge keys in the inputs come out resolved: plain YAML.
 """
 
 from __future__ import annotations
@@ -32,17 +35,20 @@ from typing import Any
 
 import yaml
 
-from deployments.config import PROJECT_ROOT
+from deployments.config import PROJECT_ROOT, ModelConfig
 
 SERVE_CONFIG = Path("serve_config.yaml")
 MULTI_MODEL_CONFIG = Path("examples/multi-model.yaml")
+GENERATE_CONFIG = Path("examples/generate.yaml")
 BASE = Path("k8s/rayservice.base.yaml")
 OVERLAY = Path("k8s/overlay.yaml")
 OUTPUT = Path("k8s/rayservice.yaml")
 # The Serve configs whose manifests are committed (``--all``); each one's output is ``output_for(config)``.
-GENERATED = (SERVE_CONFIG, MULTI_MODEL_CONFIG)
+GENERATED = (SERVE_CONFIG, MULTI_MODEL_CONFIG, GENERATE_CONFIG)
 # Keys of an overlay item that select items (patterns) or fill them in, never values to merge.
-SELECTORS = ("name", "import_path")
+SELECTORS = ("name", "import_path", "task")
+TASK = "task"
+MODEL_APP = "deployments.app:build_model"
 DEFAULTS = "defaults"
 # Wide enough that no scalar is folded over lines: the file stays diffable line by line.
 _WIDTH = 4096
@@ -91,8 +97,28 @@ def fill_in(item: Any, defaults: Any) -> Any:
     return filled
 
 
-def _selects(patch: dict[str, Any], item: dict[str, Any]) -> bool:
-    return all(fnmatchcase(str(item.get(key)), str(patch[key])) for key in SELECTORS if key in patch)
+def task_of(app: dict[str, Any]) -> str | None:
+    """The task of a model application (``args.model.task``, else ModelConfig's default); None for others."""
+    model = (app.get("args") or {}).get("model")
+    if isinstance(model, dict) and TASK in model:
+        return str(model[TASK])
+    return str(ModelConfig.model_fields[TASK].default) if app.get("import_path") == MODEL_APP else None
+
+
+def _matches(value: Any, pattern: str) -> bool:
+    if pattern.startswith("!"):
+        return value is not None and not fnmatchcase(str(value), pattern[1:])
+    return value is not None and fnmatchcase(str(value), pattern)
+
+
+def selects(patch: dict[str, Any], item: dict[str, Any]) -> bool:
+    """Whether the overlay item ``patch`` selects ``item`` (an application or a deployment)."""
+    for key in SELECTORS:
+        if key in patch:
+            value = task_of(item) if key == TASK else item.get(key)
+            if not _matches(value, str(patch[key])):
+                return False
+    return True
 
 
 def merge_by_name(
@@ -101,8 +127,8 @@ def merge_by_name(
     """Merge each patch into every item its selectors (patterns) match; keep the order."""
     merged = copy.deepcopy(items)
     for patch in patches:
-        targets = [i for i, item in enumerate(items) if _selects(patch, item)]
-        if not targets:
+        targets = [i for i, item in enumerate(items) if selects(patch, item)]
+        if not targets and TASK not in patch:
             wanted = ", ".join(f"{key} {patch[key]!r}" for key in SELECTORS if key in patch) or "nothing"
             raise ValueError(f"overlay selects {wanted} in {where}, which the serve config does not have")
         for i in targets:

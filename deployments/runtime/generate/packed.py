@@ -2,11 +2,9 @@
 
 A decode step multiplies a few rows (one per running sequence) by every weight of the model. On CPU,
 PyTorch's default kernel for that (MKL's sgemm on a plain row-major weight) reaches a fraction of the
-memory bandwidth: on the 2-core benchmark machine the tied LM head of a GPT-2-small-shaped model
-took 23 ms for 8 rows where oneDNN, on the same weight reordered once into its blocked layout, takes
-6 ms; a layer's matrices gain 1.5-3x, and a prompt's prefill (hundreds of rows) gains 1.5x
-(``python -m bench.engine_kernels``). Both are fp32 with fp32 accumulation; the results differ from
-MKL's in the last bits only, as MKL's own do between a batch of 8 rows and the same rows one by one.
+memory bandwidth; oneDNN, on the same weight reordered once into its blocked layout, reads it at a much
+larger share (docs/architecture.md, decision log). Both are fp32 with fp32 accumulation; the results differ
+from MKL's in the last bits only, as MKL's own do between a batch of 8 rows and the same rows one by one.
 
 ``pack_linears`` swaps every ``nn.Linear`` and GPT-2 ``Conv1D`` of the model for a ``PackedLinear``.
 It is used for the engine's own copy of the model only: the weights are not trainable afterwards,

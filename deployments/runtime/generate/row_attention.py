@@ -22,8 +22,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 IMPLEMENTATION = "textserve_row_groups"
-# What one more SDPA call costs, in row x column units (a column of one row, every head): on GPT-2-small on
-# 2 cores a call's own cost (~40 us) is about what 100-150 columns cost to read and score.
+# What one more SDPA call costs, in row x column units (a column of one row, every head): a call's own fixed
+# cost is about what a hundred-odd columns cost to read and score (GPT-2-small on a CPU).
 CALL_COST = 128
 
 

@@ -1,7 +1,11 @@
 """Choosing each row's next token: greedy, or temperature and nucleus (top-p) sampling per request.
 
-Every sampled request has its own ``torch.Generator``, seeded from the request's ``seed`` when given,
-so a seeded request draws the same tokens whatever else shares its batch.
+Every sampled request has its own ``torch.Generator``, seeded from the request's ``seed`` when given, so
+a seeded request draws the same tokens whatever else shares its batch. The generator lives on the
+logits' device (made at the request's first draw): a draw never moves the logits to the CPU, and a CUDA
+generator cannot take CPU tensors nor a CPU one CUDA tensors. A seed therefore repeats per device: the
+same seed draws the same tokens on every run on CUDA and on every run on the CPU, not the same tokens on
+both (their random streams differ).
 """
 
 from __future__ import annotations
@@ -26,31 +30,42 @@ class Sampling:
 @dataclass(slots=True)
 class Sampler:
     params: Sampling
-    generator: torch.Generator | None = field(default=None)
+    seed: int = field(default=0, init=False)
+    generator: torch.Generator | None = field(default=None, init=False)
+    _device: torch.device | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.params.greedy:
-            seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
-            self.generator = torch.Generator().manual_seed(seed)
+            self.seed = self.params.seed if self.params.seed is not None else random.getrandbits(63)
+
+    def generator_on(self, device: torch.device) -> torch.Generator:
+        """The request's generator on ``device``, seeded at its first use there (later draws continue it)."""
+        if self.generator is None or self._device != device:
+            self.generator = torch.Generator(device=device).manual_seed(self.seed)
+            self._device = device
+        return self.generator
 
 
 def next_tokens(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
-    """``logits``: (rows, vocabulary) for the last position of each row, float."""
-    chosen = logits.argmax(dim=-1).tolist()
+    """``logits``: (rows, vocabulary) for the last position of each row, on any device. One copy to the
+    host for the whole batch."""
+    chosen = logits.argmax(dim=-1)
     for row, sampler in enumerate(samplers):
         if not sampler.params.greedy:
-            chosen[row] = _sample(logits[row].float(), sampler)
-    return chosen
+            chosen[row] = draw(logits[row], sampler)
+    return chosen.tolist()
 
 
-def _sample(logits: torch.Tensor, sampler: Sampler) -> int:
-    probs = torch.softmax(logits / sampler.params.temperature, dim=-1)
+def draw(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
+    """One sampled token id of a row's ``logits`` (vocabulary,), as a 0-d tensor on their device."""
+    probs = torch.softmax(logits.float() / sampler.params.temperature, dim=-1)
+    generator = sampler.generator_on(probs.device)
     top_p = sampler.params.top_p
     if top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
         drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
         sorted_probs[drop] = 0.0
-        pick = torch.multinomial(sorted_probs, 1, generator=sampler.generator)
-        return int(order[pick])
-    return int(torch.multinomial(probs, 1, generator=sampler.generator))
+        pick = torch.multinomial(sorted_probs, 1, generator=generator)
+        return order[pick][0]
+    return torch.multinomial(probs, 1, generator=generator)[0]

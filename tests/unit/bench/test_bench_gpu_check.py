@@ -1,61 +1,50 @@
-"""The prepared accelerator run, exercised end to end on the CPU: what travels, and what comes back."""
+"""The prepared GPU check on a machine without one: a clear message and a non-zero exit, by either command;
+its reporting and the service config it starts, without a GPU."""
 
 from __future__ import annotations
 
-import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
-from bench.gpu_check import VARIANTS, main, pack
-from deployments.repository.manifest import load_manifest, weights_dir_of
-from deployments.repository.weights_check import check_weights
+from bench import gpu_check
+from bench.gpu_check_service import _gpu_config
 
-TRAVEL_LIMIT = 64 * 2**20  # what the device tool carries per call
-
-
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory, default_model) -> Path:
-    return pack(tmp_path_factory.mktemp("gpu-pack"))
+ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_pack_fits_the_carry_limit_and_checks_out(packed: Path, default_model) -> None:
-    size = sum(f.stat().st_size for f in packed.rglob("*") if f.is_file())
-    assert size < TRAVEL_LIMIT
-    original = sum(f.stat().st_size for f in default_model.weights_dir.glob("*.safetensors"))
-    assert sum(f.stat().st_size for f in packed.glob("*.safetensors")) < 0.6 * original
-    manifest = load_manifest(packed / "manifest.json")
-    assert manifest.weights == "." and manifest.name == default_model.manifest.name
-    check_weights(manifest, weights_dir_of(manifest, packed / "manifest.json"), packed, hash_files=True)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit where there is no CUDA device")
+@pytest.mark.parametrize("command", [["bench/gpu_check.py"], ["-m", "bench.gpu_check"]])
+def test_without_a_gpu_it_says_so_and_fails(command: list[str]) -> None:
+    done = subprocess.run([sys.executable, *command], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert gpu_check.NO_GPU in done.stderr
 
 
-def test_every_variant_is_measured_or_explained(packed: Path, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    assert (
-        main(
-            [
-                "--model-dir",
-                str(packed),
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-                "--warmup",
-                "0",
-                "--duration",
-                "0.2",
-            ]
-        )
-        == 0
-    )
-    result = json.loads((out / "gpu_check.json").read_text())
-    assert [(v["backend"], v["precision"]) for v in result["variants"]] == list(VARIANTS)
-    ran = [v for v in result["variants"] if v["ran"]]
-    assert len(ran) == len(VARIANTS)  # on a CPU every variant can run
-    assert all(v["cosine_min_vs_torch_fp32"] >= 0.999 for v in ran)
-    systems = {p["system"] for p in result["points"]}
-    assert systems == {f"inprocess-{b}-{p}-cpu" for b, p in VARIANTS}
-    assert {p["workload"] for p in result["points"]} == {"b1", "b32-sorted", "b32-requests"}
-    table = (out / "gpu_check.md").read_text()
-    assert "| onnx fp16 | yes |" in table and "inprocess-torch-bf16-cpu" in table
-    assert sorted(f.name for f in out.iterdir()) == ["gpu_check.json", "gpu_check.md"]  # what comes back
+def test_each_check_reports_pass_or_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    def broken() -> tuple[bool, dict]:
+        raise RuntimeError("boom")
+
+    assert gpu_check.run_checks({"good": lambda: (True, {"x": 1})})
+    assert not gpu_check.run_checks({"good": lambda: (True, {}), "bad": lambda: (False, {}), "err": broken})
+    lines = [line for line in capsys.readouterr().out.splitlines() if line[:4] in ("PASS", "FAIL")]
+    assert [line.split()[:2] for line in lines] == [
+        ["PASS", "good"],
+        ["PASS", "good"],
+        ["FAIL", "bad"],
+        ["FAIL", "err"],
+    ]
+    assert "x=1" in lines[0] and "RuntimeError: boom" in lines[3]
+
+
+def test_the_service_it_starts_puts_inference_on_the_gpu(tmp_path: Path) -> None:
+    config = yaml.safe_load(_gpu_config(tmp_path).read_text())
+    models = [a for a in config["applications"] if a["import_path"] == "deployments.app:build_model"]
+    assert models
+    for app in models:
+        (inference,) = [d for d in app["deployments"] if d["name"] == "Inference"]
+        assert inference["ray_actor_options"]["num_gpus"] == 1

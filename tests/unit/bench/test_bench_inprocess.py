@@ -9,12 +9,12 @@ import pytest
 import yaml
 
 from bench.cli import Options, parse
-from bench.corpus import build_corpus
-from bench.inprocess import RowPlan, default_micro_batch, measure_model, rows_for
+from bench.inprocess import RowPlan, default_micro_batch, measure_model, plan_passes, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
 from deployments.config import RuntimeConfig
 from deployments.repository.manifest import ResolvedModel
+from deployments.tools.corpus import build_corpus
 from deployments.user_config import BatchingConfig
 
 TEXTS = [f"text {i} " + "word " * (i % 7) for i in range(70)]
@@ -145,3 +145,13 @@ def test_three_rows_measured_on_the_real_model(onnx_model: ResolvedModel) -> Non
     assert all(p.system == "inprocess-onnx" and p.requests > 0 and p.errors == 0 for p in points)
     assert [p.texts_per_request for p in points] == [1, 32, 8]
     assert all(p.seq_per_s == pytest.approx(p.req_per_s * p.texts_per_request, rel=0.05) for p in points)
+
+
+def test_passes_are_length_sorted_within_the_limits() -> None:
+    lengths = [10, 3, 7, 3, 50, 9]
+    passes = plan_passes(lengths, max_sequences=2, max_tokens=20)
+    assert sorted(i for p in passes for i in p) == list(range(6))  # every text, once
+    assert all(len(p) <= 2 and (len(p) == 1 or max(lengths[i] for i in p) * len(p) <= 20) for p in passes)
+    assert [lengths[p[0]] for p in passes] == sorted(lengths[p[0]] for p in passes)
+    assert [4] in passes  # longer than the token budget: alone
+    assert len(plan_passes([5] * 8, 32, 10_000, at_least=2)) == 2  # parallel passes get a share each

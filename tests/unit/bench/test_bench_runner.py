@@ -10,8 +10,8 @@ import pytest
 
 from bench import loadgen, runner
 from bench.cli import parse
-from bench.corpus import Corpus
 from bench.results import Point, RunReport, SystemInfo, summarize
+from deployments.tools.corpus import Corpus
 
 
 class FakeServer:

@@ -1,10 +1,10 @@
 """What each generated RayService serves: its Serve config plus the overlay, valid for Serve and textserve's
-typed config, on Serve's proxy, with a GPU for every model's Inference."""
+typed config, on Serve's proxy, with a GPU for every encoder model's Inference and every generate model's
+Model."""
 
 from __future__ import annotations
 
 import copy
-from fnmatch import fnmatchcase
 from typing import Any
 
 import yaml
@@ -12,16 +12,12 @@ from pydantic import BaseModel
 
 from deployments.config import ModelAppArgs, RouterArgs
 from deployments.tools.check import MODEL_APP, ROUTER, USER_CONFIGS
-from deployments.tools.k8s_manifest import DEFAULTS, SELECTORS
+from deployments.tools.k8s_manifest import DEFAULTS, SELECTORS, selects, task_of
 from tests.unit.k8s.conftest import ROOT, apps, cluster, containers, plain
 
 GPU = "nvidia.com/gpu"
 # Ray Serve's high-throughput mode (HAProxy); the cluster runs Serve's proxy (k8s/README.md "HTTP path").
 THROUGHPUT_MODE = {"RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_HA_PROXY"}
-
-
-def _selected(patch: dict[str, Any], item: dict[str, Any]) -> bool:
-    return all(fnmatchcase(str(item.get(k)), str(patch[k])) for k in SELECTORS if k in patch)
 
 
 def _strip(config: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -30,7 +26,7 @@ def _strip(config: dict[str, Any], patch: dict[str, Any]) -> None:
         if isinstance(value, list):
             for item_patch in value:
                 for item in config.get(key) or []:
-                    if _selected(item_patch, item):
+                    if selects(item_patch, item):
                         own = {k: v for k, v in item_patch.items() if k not in (*SELECTORS, DEFAULTS)}
                         _strip(item, own)
                         _strip(item, item_patch.get(DEFAULTS) or {})
@@ -91,7 +87,8 @@ def test_serve_config_v2_is_a_valid_serve_config(serve_v2: dict[str, Any]) -> No
     for app in models:
         args = ModelAppArgs.model_validate(app.get("args") or {})
         # The overlay reached every model application, not only the first.
-        assert args.model.device == "cuda" and args.runtime.parallel_passes == 1, app["name"]
+        assert args.model.device == "cuda", app["name"]
+        assert args.model.task == "generate" or args.runtime.parallel_passes == 1, app["name"]
 
 
 def test_every_application_runs_behind_serves_proxy(serve_v2: dict[str, Any]) -> None:
@@ -122,10 +119,11 @@ def test_every_model_runs_on_gpus_the_worker_group_has(
     assert capacity > 0, f"no worker group limits {GPU}"
     at_least = 0.0
     for app in apps(serve_v2, MODEL_APP):
-        # Inference, and CandidateInference while a candidate version is served.
-        on_model = [d for d in app.get("deployments", []) if d["name"].endswith("Inference")]
+        # Inference, and CandidateInference while a candidate version is served; a generate model's Model.
+        runs_model = "Model" if task_of(app) == "generate" else "Inference"
+        on_model = [d for d in app.get("deployments", []) if d["name"].endswith(runs_model)]
         names = [d["name"] for d in on_model]
-        assert "Inference" in names, app["name"]
+        assert runs_model in names, app["name"]
         if (app.get("args") or {}).get("candidate"):
             # Unlisted, it would run with the code's defaults: no GPU on the cluster.
             assert "CandidateInference" in names, f"{app['name']}: list CandidateInference"
@@ -152,6 +150,8 @@ def test_the_cluster_autoscales_inference_on_the_configs_policy(
 ) -> None:
     local_apps = {a["name"]: a for a in local_config["applications"]}
     for app in apps(serve_v2, MODEL_APP):
+        if task_of(app) == "generate":
+            continue  # no Inference: one Model replica holds the engine and its KV cache
         (remote,) = [d for d in app["deployments"] if d["name"] == "Inference"]
         local = [d for d in local_apps[app["name"]].get("deployments", []) if d["name"] == "Inference"]
         policy = remote["autoscaling_config"]

@@ -1,10 +1,11 @@
-"""The benchmark corpus: real prose, varied lengths, no duplicates, deterministic."""
+"""deployments/tools/corpus.py (the benchmark and calibration corpus): real prose, varied lengths, no
+duplicates, deterministic."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from bench.corpus import MAX_WORDS, MIN_WORDS, batches, build_corpus, prose_paragraphs, sentences
+from deployments.tools.corpus import MAX_WORDS, MIN_WORDS, batches, build_corpus, prose_paragraphs, sentences
 
 
 def test_deterministic_for_a_seed_and_shuffled_by_it() -> None:

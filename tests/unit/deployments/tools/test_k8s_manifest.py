@@ -12,6 +12,7 @@ import yaml
 
 from deployments.tools.k8s_manifest import (
     BASE,
+    GENERATE_CONFIG,
     GENERATED,
     MULTI_MODEL_CONFIG,
     OUTPUT,
@@ -123,6 +124,71 @@ def test_import_path_selects_applications_and_defaults_fill_only_gaps() -> None:
     assert policy == {"target_ongoing_requests": 4, "upscale_delay_s": 10, "max_replicas": 8}
     with pytest.raises(ValueError, match=r"import_path 'x:y'.*does not have"):
         merge_serve_config(serve, {"applications": [{"name": "*", "import_path": "x:y"}]})
+
+
+def _model_apps(*tasks: str | None) -> dict[str, Any]:
+    """A router and one build_model application per task (None: the config names no task)."""
+    serve = _serve("router", *(f"m-{task}" for task in tasks))
+    serve["applications"][0]["import_path"] = "deployments.app:build_router"
+    serve["applications"][0]["args"] = {}
+    for app, task in zip(serve["applications"][1:], tasks, strict=True):
+        app["import_path"] = "deployments.app:build_model"
+        if task is not None:
+            app["args"]["model"]["task"] = task
+    return serve
+
+
+GENERATE_ENTRY = {
+    "import_path": "deployments.app:build_model",
+    "task": "generate",
+    "deployments": [{"name": "Inference", "ray_actor_options": {"num_gpus": 1}}],
+}
+ENCODER_ENTRY = {
+    "import_path": "deployments.app:build_model",
+    "task": "!generate",
+    "args": {"runtime": {"p": 1}},
+}
+
+
+def test_task_selects_model_applications_by_their_task() -> None:
+    serve = _model_apps("embed", None, "generate", "classify")
+    merged = merge_serve_config(serve, {"applications": [GENERATE_ENTRY, ENCODER_ENTRY]})
+    router, embed, default, generate, classify = merged["applications"]
+    assert router == serve["applications"][0]  # not a model application: no task to match, nor its negation
+    for app in (embed, default, classify):  # no task written: ModelConfig's default (embed)
+        assert app["args"]["runtime"] == {"p": 1}
+        assert app["deployments"][1]["ray_actor_options"]["num_gpus"] == 0
+    assert "runtime" not in generate["args"]
+    assert generate["deployments"][1]["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
+
+
+def test_a_task_may_be_absent_but_its_deployments_must_match() -> None:
+    serve = _model_apps("embed")  # a config without a generate model
+    assert merge_serve_config(serve, {"applications": [GENERATE_ENTRY]}) == serve
+    generate = _model_apps("generate")
+    renamed = copy.deepcopy(GENERATE_ENTRY)
+    renamed["deployments"][0]["name"] = "Generator"
+    with pytest.raises(ValueError, match=r"name 'Generator'.*does not have"):
+        merge_serve_config(generate, {"applications": [renamed]})
+    with pytest.raises(ValueError, match="does not have"):  # other selectors keep the rule
+        merge_serve_config(serve, {"applications": [{"import_path": "x:y"}]})
+
+
+def test_the_overlay_gives_every_generate_model_a_gpu() -> None:
+    overlay = yaml.safe_load((ROOT / OVERLAY).read_text())
+    serve = yaml.safe_load((ROOT / GENERATE_CONFIG).read_text())
+    by_name = {a["name"]: a for a in merge_serve_config(serve, overlay)["applications"]}
+    generating = [
+        a for a in serve["applications"] if (a.get("args") or {}).get("model", {}).get("task") == "generate"
+    ]
+    assert generating, f"{GENERATE_CONFIG} serves no generate model"
+    for local in generating:
+        app = by_name[local["name"]]
+        assert app["args"]["model"]["device"] == "cuda" and "backend" not in app["args"]["model"]
+        assert "runtime" not in app["args"], "the encoder's runtime settings stay off the generate model"
+        (model,) = [d for d in app["deployments"] if d["name"] == "Model"]
+        assert model["ray_actor_options"]["num_gpus"] == 1
+        assert model["ray_actor_options"]["num_cpus"] == 0.5  # the config's own options are kept
 
 
 def test_a_patch_that_only_deletes_creates_nothing() -> None:
