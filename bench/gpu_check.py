@@ -153,7 +153,8 @@ def _generate(lm: Any, prompts: list[list[int]], sampling: list[Any], max_new: i
     """Each prompt through the service's engine on ``lm``'s device: request id -> token ids (or error)."""
     import threading
 
-    from deployments.runtime.generate.engine import Engine, EngineLimits
+    from deployments.config import GenerationConfig
+    from deployments.runtime.generate.engine import Engine
 
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
     errors: dict[str, str] = {}
@@ -167,7 +168,7 @@ def _generate(lm: Any, prompts: list[list[int]], sampling: list[Any], max_new: i
                 errors[event.request_id] = event.error or "error"
             done.release()
 
-    engine = Engine(lm, (), EngineLimits())
+    engine = Engine(lm, (), GenerationConfig())
     engine.start()
     try:
         for i, prompt in enumerate(prompts):

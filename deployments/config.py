@@ -134,9 +134,9 @@ class RuntimeConfig(_Frozen):
         ge=1,
         le=16,
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
-        "into at least this many length-sorted passes). On a CPU, set it to the replica's cores with "
-        "intra_op_threads 1 for throughput, or 1 with more threads for the latency of single large texts; "
-        "on a GPU, 1.",
+        "into at least this many length-sorted passes); a batch of one pass (a lone small request) runs on "
+        "all intra_op_threads x parallel_passes threads instead (torch). On a CPU, set it to the replica's "
+        "cores with intra_op_threads 1; on a GPU, 1.",
     )
     torch_graph: Literal["eager", "trace"] = Field(
         default="trace",

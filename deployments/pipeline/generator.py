@@ -32,7 +32,7 @@ from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.cuda_memory import CacheRelease, apply_alloc_conf
-from deployments.runtime.generate.engine import Engine, EngineFullError, EngineLimits, TokenEvent
+from deployments.runtime.generate.engine import Engine, EngineFullError, TokenEvent
 from deployments.runtime.generate.load import load_causal_lm
 from deployments.runtime.generate.sampling import Sampling
 from postprocess.completions import FinishReason, Usage
@@ -68,18 +68,17 @@ class GeneratorDeployment:
         self._tokenizer = Tokenizer.from_file(str(model.tokenizer_file))
         if config.intra_op_threads:
             torch.set_num_threads(config.intra_op_threads)
-        limits = EngineLimits.of(config)
         lm = load_causal_lm(
             model, device, packed=config.packed_weights, row_groups=config.row_group_attention
         )
         self._release = CacheRelease(lm.device, runtime.cuda_cache_release_fraction)
-        self._engine = Engine(lm, self._prompts.eos_token_ids, limits, self._step)
+        self._engine = Engine(lm, self._prompts.eos_token_ids, config, self._step)
         info = {"version": model.manifest.version, "backend": "torch", "device": str(lm.device)}
         self._metrics = GenerationMetrics(model.manifest.name, info, self._engine.stats)
         self._engine.start()
         self._cancelled = 0
         self._max_cancel_lag = 0  # decode steps between a cancel and leaving the batch, the most seen
-        log.info("generate model %s v%s ready: %s", model.manifest.name, model.manifest.version, limits)
+        log.info("generate model %s v%s ready: %s", model.manifest.name, model.manifest.version, config)
 
     def _step(self, rows: int, seconds: float) -> None:
         """On the engine's thread, after each decode step."""

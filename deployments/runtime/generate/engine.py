@@ -32,33 +32,14 @@ from deployments.config import GenerationConfig
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
 from deployments.runtime.generate.passes import can_pack, decode_step, prefill_pack, prefill_piece
 from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
+from deployments.user_config import PipelineConfig
 
 log = logging.getLogger("textserve.generate")
 
 Finish = Literal["stop", "length", "cancelled", "error"]
-BATCH_TURN = 4  # a waiting bulk request gets at least every 4th admission (a quarter)
-
-
-_CONFIG = GenerationConfig()  # the defaults' one source: serve_config.yaml's generation section
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLimits:
-    max_running: int = _CONFIG.max_running  # rows of the decode batch
-    kv_cache_tokens: int = _CONFIG.kv_cache_tokens  # token slots per layer, padding included
-    prefill_chunk_tokens: int = _CONFIG.prefill_chunk_tokens  # prompt tokens prefilled per iteration
-    max_waiting: int = _CONFIG.max_waiting  # requests admitted to the queue; past it submit() refuses
-    prefill_pack_tokens: int = _CONFIG.prefill_pack_tokens  # whole short prompts prefilled in one pass
-
-    @classmethod
-    def of(cls, config: GenerationConfig) -> EngineLimits:
-        return cls(
-            config.max_running,
-            config.kv_cache_tokens,
-            config.prefill_chunk_tokens,
-            config.max_waiting,
-            config.prefill_pack_tokens,
-        )
+# A waiting bulk request gets at least every BATCH_TURN-th admission: the encoders' guaranteed bulk share.
+_DEFAULTS = GenerationConfig()  # the engine's bounds: serve_config.yaml's generation section
+BATCH_TURN = max(1, round(1 / max(PipelineConfig().batch_min_share, 0.01)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +92,7 @@ class Engine:
         self,
         model: PreTrainedModel,
         eos_token_ids: tuple[int, ...],
-        limits: EngineLimits = EngineLimits(),
+        limits: GenerationConfig = _DEFAULTS,
         on_step: Callable[[int, float], None] | None = None,
     ) -> None:
         self.model = model.eval()

@@ -114,20 +114,12 @@ def test_a_stream_of_interactive_work_still_leaves_bulk_its_share():
     assert asyncio.run(scenario()) >= 0.25  # bulk got its share while interactive work kept coming
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_the_gate_lets_interactive_groups_in_at_once_and_bulk_ones_one_at_a_time():
     """Inference's batch queue is first come, first served: the gate in front of it keeps bulk groups out
     while interactive ones are inside, so an interactive group waits behind one bulk group at most."""
 
     async def scenario() -> list[str]:
-        clock = _Clock()
+        clock = Clock()
         gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=0.0), clock)
         entered: list[str] = []
 
@@ -155,7 +147,7 @@ def test_the_gate_lets_interactive_groups_in_at_once_and_bulk_ones_one_at_a_time
 
 def test_the_gate_never_starves_bulk_and_forgets_a_cancelled_waiter():
     async def scenario() -> None:
-        clock = _Clock()
+        clock = Clock()
         gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=0.25, half_life_s=1.0), clock)
         await gate.enter("interactive")
         gate.leave("interactive", 10.0)  # interactive work took all the recent busy time

@@ -13,8 +13,9 @@ from transformers import (
     PreTrainedModel,
 )
 
+from deployments.config import GenerationConfig
 from deployments.runtime.generate import row_attention
-from deployments.runtime.generate.engine import Engine, EngineLimits
+from deployments.runtime.generate.engine import Engine
 from deployments.runtime.generate.sampling import Sampling
 from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fixtures
     GREEDY,
@@ -52,7 +53,7 @@ def test_greedy_parity_with_generate(
     if runs_on == "service":
         monkeypatch.setattr(row_attention, "CALL_COST", 0)
     runs = variants[runs_on]()
-    engine = Engine(runs, (), EngineLimits(max_running=4, prefill_chunk_tokens=16, kv_cache_tokens=4096))
+    engine = Engine(runs, (), GenerationConfig(max_running=4, prefill_chunk_tokens=16, kv_cache_tokens=4096))
     events = Events()
     plan = mixed_requests()
     waited = False
@@ -75,7 +76,7 @@ def test_greedy_parity_with_generate(
 
 def test_batch_composition_does_not_change_results(gpt2: PreTrainedModel) -> None:
     target = Req("x", prompt(20, seed=100), 8)
-    limits = EngineLimits(max_running=3, prefill_chunk_tokens=16)
+    limits = GenerationConfig(max_running=3, prefill_chunk_tokens=16)
     outputs = []
     mixes: list[dict[int, list[Req]]] = [
         {0: [target]},
@@ -99,7 +100,7 @@ def test_eos_stops_with_finish_stop(gpt2: PreTrainedModel) -> None:
     k = next(k for k in range(3, 12) if greedy[k] not in greedy[:k])  # its first time at step k >= 3
     eos = greedy[k]
     events = Events()
-    drive(Engine(gpt2, (eos, VOCAB + 7), EngineLimits(max_running=4)), events, {0: reqs})
+    drive(Engine(gpt2, (eos, VOCAB + 7), GenerationConfig(max_running=4)), events, {0: reqs})
     assert events.tokens("e0") == greedy[: k + 1]  # the eos token is the last one sent
     final = events.final("e0")
     assert (final.token_id, final.finish, final.error) == (eos, "stop", None)
@@ -114,7 +115,7 @@ def test_eos_as_the_first_token(gpt2: PreTrainedModel) -> None:
     p = prompt(7, seed=300)
     first = reference(gpt2, p, 1)[0]
     events = Events()
-    engine = Engine(gpt2, (first,), EngineLimits())
+    engine = Engine(gpt2, (first,), GenerationConfig())
     drive(engine, events, {0: [Req("f", p, 10)]})
     assert events.tokens("f") == [first]
     assert events.final("f").finish == "stop"
@@ -127,7 +128,7 @@ def test_eos_as_the_first_token(gpt2: PreTrainedModel) -> None:
 def test_seeded_sampling_is_reproducible(gpt2: PreTrainedModel) -> None:
     p = prompt(10, seed=400)
     n = 24
-    limits = EngineLimits(max_running=4, prefill_chunk_tokens=16)
+    limits = GenerationConfig(max_running=4, prefill_chunk_tokens=16)
 
     def sampled(plan: dict[int, list[Req]], request_id: str = "s7") -> list[int]:
         events = Events()
@@ -157,7 +158,7 @@ def test_seeded_sampling_is_reproducible(gpt2: PreTrainedModel) -> None:
 
 
 def test_thread_mode(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=3, prefill_chunk_tokens=16))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=3, prefill_chunk_tokens=16))
     events = Events()
     reqs = [r for r in flat(mixed_requests()) if r.max_new <= 10][:5]
     engine.start()

@@ -11,7 +11,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from deployments.runtime.generate.engine import Engine, EngineFullError, EngineLimits
+from deployments.config import GenerationConfig
+from deployments.runtime.generate.engine import Engine, EngineFullError
 from deployments.runtime.generate.sampling import Sampling
 from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fixtures
     GREEDY,
@@ -33,7 +34,7 @@ from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fi
 
 
 def test_cancel_leaves_within_one_step(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=4, prefill_chunk_tokens=64))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=4, prefill_chunk_tokens=64))
     events = Events()
     running = [Req(f"c{i}", prompt(5 + 3 * i, seed=500 + i), 14) for i in range(4)]
     queued = Req("queued", prompt(4, seed=510), 5)
@@ -73,7 +74,7 @@ def test_cancel_leaves_within_one_step(gpt2: PreTrainedModel) -> None:
 
 
 def test_cancel_while_prefilling(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=4, prefill_chunk_tokens=16))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=4, prefill_chunk_tokens=16))
     events = Events()
     keep, long = Req("keep", prompt(4, seed=520), 8), Req("long", prompt(100, seed=521), 3)
     submit(engine, events, [keep, long])
@@ -93,7 +94,7 @@ def test_cancel_while_prefilling(gpt2: PreTrainedModel) -> None:
 
 
 def test_admission_waits_for_a_free_row(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=2))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=2))
     events = Events()
     reqs = [
         Req("a", prompt(5, seed=600), 4),
@@ -123,7 +124,7 @@ def test_admission_waits_for_a_free_row(gpt2: PreTrainedModel) -> None:
 def test_interactive_requests_are_admitted_first_and_bulk_gets_every_fourth_turn(
     gpt2: PreTrainedModel,
 ) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=1))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=1))
     events = Events()
     engine.submit("bulk-0", prompt(4, seed=700), 1, GREEDY, events, "batch")
     engine.submit("bulk-1", prompt(4, seed=701), 1, GREEDY, events, "batch")
@@ -137,7 +138,7 @@ def test_interactive_requests_are_admitted_first_and_bulk_gets_every_fourth_turn
 
 
 def test_submit_refuses_what_cannot_fit(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(kv_cache_tokens=64, max_waiting=2))
+    engine = Engine(gpt2, (), GenerationConfig(kv_cache_tokens=64, max_waiting=2))
     events = Events()
     with pytest.raises(ValueError, match="do not fit"):
         engine.submit("big", prompt(50, seed=610), 15, GREEDY, events)
@@ -154,7 +155,7 @@ def test_submit_refuses_what_cannot_fit(gpt2: PreTrainedModel) -> None:
 
 
 def test_kv_slots_never_exceed_the_budget(gpt2: PreTrainedModel) -> None:
-    limits = EngineLimits(max_running=4, kv_cache_tokens=64, prefill_chunk_tokens=16)
+    limits = GenerationConfig(max_running=4, kv_cache_tokens=64, prefill_chunk_tokens=16)
     engine = Engine(gpt2, (), limits)
     events = Events()
     plan = {
@@ -179,7 +180,7 @@ def test_kv_slots_never_exceed_the_budget(gpt2: PreTrainedModel) -> None:
 
 
 def test_chunked_prefill_does_not_stall_running_streams(gpt2: PreTrainedModel) -> None:
-    engine = Engine(gpt2, (), EngineLimits(max_running=4, prefill_chunk_tokens=16))
+    engine = Engine(gpt2, (), GenerationConfig(max_running=4, prefill_chunk_tokens=16))
     events = Events()
     short, long = Req("short", prompt(5, seed=700), 20), Req("long", prompt(200, seed=701), 2)
     submit(engine, events, [short])
@@ -215,7 +216,7 @@ class FailingDecode(ModelProbe):
 
 def test_a_failing_decode_fails_only_its_requests(gpt2: PreTrainedModel) -> None:
     flaky = FailingDecode(gpt2, fail_on=2)
-    engine = Engine(flaky, (), EngineLimits(max_running=4, prefill_chunk_tokens=16))  # type: ignore[arg-type]
+    engine = Engine(flaky, (), GenerationConfig(max_running=4, prefill_chunk_tokens=16))  # type: ignore[arg-type]
     events = Events()
     a, b = Req("a", prompt(5, seed=800), 10), Req("b", prompt(6, seed=801), 10)
     prefilling = Req("p", prompt(64, seed=802), 4)  # four prefill steps: not in the failing decode
@@ -262,7 +263,7 @@ def test_a_failing_prefill_fails_only_its_prompt(gpt2: PreTrainedModel, nan: boo
     """The prompt in the failing pass gets its error; the running batch and the prompts behind go on. Packed
     with the prompt behind it, the failing pass is retried prompt by prompt: only the bad one fails."""
     flaky = FailingPrefill(grouped_copy(gpt2) if packs else gpt2, poison=VOCAB - 1, nan=nan)
-    engine = Engine(flaky, (), EngineLimits(max_running=4, prefill_chunk_tokens=64))  # type: ignore[arg-type]
+    engine = Engine(flaky, (), GenerationConfig(max_running=4, prefill_chunk_tokens=64))  # type: ignore[arg-type]
     events = Events()
     running = Req("running", prompt(5, seed=810), 8)
     bad = Req("bad", [VOCAB - 1, *prompt(9, seed=811)], 4, Sampling(0.8, 1.0, seed=1))

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from deployments.runtime.generate.engine import Engine, EngineLimits
+from deployments.config import GenerationConfig
+from deployments.runtime.generate.engine import Engine
 from deployments.runtime.generate.passes import can_pack, prefill_pack, prefill_piece
 from tests.unit.deployments.runtime.generate_support import (
     Events,
@@ -43,7 +44,7 @@ def test_a_burst_of_short_prompts_shares_one_pass(
 ) -> None:
     model: PreTrainedModel = request.getfixturevalue(arch)
     runs = ModelProbe(grouped_copy(model) if runs_on == "service" else model)
-    limits = EngineLimits(max_running=8, prefill_chunk_tokens=16, prefill_pack_tokens=pack_tokens)
+    limits = GenerationConfig(max_running=8, prefill_chunk_tokens=16, prefill_pack_tokens=pack_tokens)
     engine = Engine(runs, (), limits)  # type: ignore[arg-type]
     events = Events()
     reqs = [Req(f"p{i}", prompt(n, seed=900 + i), 4 + i) for i, n in enumerate(BURST)]
@@ -62,7 +63,7 @@ def test_a_burst_of_short_prompts_shares_one_pass(
 def test_a_long_prompt_is_not_packed_and_keeps_its_chunks(gpt2: PreTrainedModel) -> None:
     """A prompt longer than a chunk is prefilled alone, a chunk an iteration, as before; whole short prompts
     behind it wait their turn (first come, first prefilled)."""
-    engine = Engine(grouped_copy(gpt2), (), EngineLimits(max_running=8, prefill_chunk_tokens=16))
+    engine = Engine(grouped_copy(gpt2), (), GenerationConfig(max_running=8, prefill_chunk_tokens=16))
     events = Events()
     reqs = [
         Req("long", prompt(40, seed=950), 3),
