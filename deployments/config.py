@@ -134,9 +134,8 @@ class RuntimeConfig(_Frozen):
         ge=1,
         le=16,
         description="Forward passes of one batch run at once, each on its own thread (the batch is cut "
-        "into at least this many length-sorted passes); a batch of one pass (a lone small request) runs on "
-        "all intra_op_threads x parallel_passes threads instead (torch). On a CPU, set it to the replica's "
-        "cores with intra_op_threads 1; on a GPU, 1.",
+        "into at least this many length-sorted passes). On a CPU, set it to the replica's cores with "
+        "intra_op_threads 1; on a GPU, 1.",
     )
     torch_graph: Literal["eager", "trace"] = Field(
         default="trace",

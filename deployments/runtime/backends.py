@@ -62,4 +62,4 @@ def _create(
 
     if threads:
         torch.set_num_threads(threads)
-    return ModelRunner(model, pick_device(device), pad, cache_release_fraction, graph, threads)
+    return ModelRunner(model, pick_device(device), pad, cache_release_fraction, graph)

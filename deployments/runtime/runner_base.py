@@ -8,7 +8,6 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,11 +84,6 @@ class BatchRunner(ABC):
     def _after_batch(self) -> None:  # noqa: B027 - optional hook
         """Hook after each successful micro-batch (device backends release cache above a threshold)."""
 
-    def _one_pass(self) -> AbstractContextManager[None]:
-        """Around a batch that runs as one pass: a backend that can widen that pass to the threads the
-        ``parallel`` passes would have used overrides it, so a lone small batch leaves no thread idle."""
-        return nullcontext()
-
     def run(self, sequences: Sequence[np.ndarray], limits: BatchLimits = DEFAULT_LIMITS) -> RunResult:
         n = len(sequences)
         out = np.empty((n, self.output_size), dtype=np.float32)
@@ -107,9 +101,6 @@ class BatchRunner(ABC):
             # while the others idle. Disjoint rows of `out` per pass; list()
             # re-raises the first failure here.
             list(self._pool.map(lambda idx: self._run_indices(idx, sequences, lengths, out), plan[::-1]))
-        elif len(plan) == 1:
-            with self._one_pass():
-                self._run_indices(plan[0], sequences, lengths, out)
         else:
             for idx in plan:
                 self._run_indices(idx, sequences, lengths, out)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -51,14 +49,11 @@ class ModelRunner(BatchRunner):
         pad_id: int,
         cache_release_fraction: float = 0.9,
         graph: str = "eager",
-        threads: int | None = None,
     ) -> None:
-        """``threads``: intra-op threads per pass (None: torch's own setting, left alone)."""
         if graph not in ("eager", "trace"):
             raise ValueError(f"torch_graph must be eager or trace, not {graph!r}")
         super().__init__(model, pad_id)
         self.device = device
-        self._threads = threads
         self._cache_release = CacheRelease(device, cache_release_fraction)
         cls = MODEL_CLASSES[self.task]
         self.model = (
@@ -100,20 +95,6 @@ class ModelRunner(BatchRunner):
     def _release_memory(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-    @contextmanager
-    def _one_pass(self) -> Iterator[None]:
-        """A batch that runs as one pass (a lone small request) takes the whole thread budget, the threads of
-        all ``parallel`` passes, instead of one pass's share; the setting is this thread's (OpenMP's is per
-        thread), so the pass threads keep theirs."""
-        if self.device.type != "cpu" or not self._threads or self.parallel <= 1:
-            yield
-            return
-        torch.set_num_threads(self._threads * self.parallel)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(self._threads)
 
     def _after_batch(self) -> None:
         self._cache_release()  # only above the threshold: a release costs a sync and fresh allocations

@@ -97,30 +97,3 @@ def test_classifier_gives_probabilities(tmp_path: Path, tokenizer):
     assert probs.shape == (len(TEXTS), len(LABELS))
     np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-5)
     assert (probs > 0).all()
-
-
-def test_a_batch_of_one_pass_runs_on_every_pass_thread_and_gives_them_back(default_model: ResolvedModel):
-    """The thread budget is intra-op threads x parallel passes: a lone small batch (one pass) takes all of
-    it, a batch cut into passes one share per pass, and the setting returns to one pass's share."""
-    import torch
-
-    from deployments.runtime.backends import create_runner
-
-    before = torch.get_num_threads()
-    runner = create_runner(default_model, "cpu", threads=1, parallel_passes=2)
-    seen: list[int] = []
-    forward = runner._forward
-
-    def recording(ids, mask):
-        seen.append(torch.get_num_threads())
-        return forward(ids, mask)
-
-    runner._forward = recording
-    try:
-        one = runner.run([np.arange(100, 110)])
-        runner.run([np.arange(100, 110), np.arange(100, 120)])
-        assert seen[0] == 2 and seen[1:] == [1, 1]
-        assert torch.get_num_threads() == 1
-        np.testing.assert_allclose(one.values, runner.run([np.arange(100, 110)]).values, atol=1e-5)
-    finally:
-        torch.set_num_threads(before)
