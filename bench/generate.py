@@ -2,7 +2,7 @@
 streamed chat-completion traffic to this service, ``transformers serve`` and a naive endpoint, one after
 the other, in one run. See bench/README.md ("Generation").
 
-    .venv/bin/python -m bench.generate --out docs/bench-generate --doc docs/benchmarks.md
+    .venv/bin/python -m bench.generate --out .bench/generate --doc docs/benchmarks.md
     .venv/bin/python -m bench.generate --quick --systems naive,transformers-serve --model-dir DIR
 """
 
