@@ -9,7 +9,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import infinity
+from bench.cli_types import (
+    INFINITY_LABELS,
+    concurrency_list,
+    infinity_configs,
+    inprocess_spec,
+    positive,
+    rate,
+    workloads,
+)
 from bench.service import PROXY_ENV, ROOT, ServiceVariant, parse_env_pair, parse_service
 
 WORK_DIR = ROOT / ".bench"
@@ -24,10 +32,7 @@ OPEN_LOOP_REQUESTS = 1000
 # machine), a sixth or less of the service's (180-410). From 500 arrivals (250 s at 2 req/s) the 1-4-text
 # requests' p99 is about their 4th slowest answer.
 MIXED_RATE, MIXED_REQUESTS, MIXED_P99_MS = 2.0, 500, 10_000.0
-WORKLOADS = ("W1", "W2", "W3", "W4")
-WORKLOAD_ALIASES = {"single": "W1", "batch": "W2", "open": "W3", "mixed": "W4"}
 DEFAULT_MODEL_DIR = Path("models/all-MiniLM-L6-v2/1")
-INFINITY_LABELS = tuple(c.label for c in infinity.CONFIGS)
 SYSTEM_CHOICES = ("naive-fastapi", *INFINITY_LABELS)
 # The same config on Ray Serve's Python proxy instead of its high-throughput mode (HAProxy, direct ingress,
 # gRPC between replicas), which serve_config.yaml switches on; `run` measures both in one table.
@@ -87,53 +92,6 @@ class Options:
     min_gain: float = 0.1
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def concurrency_list(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive integers like 1,8,32, got {text!r}")
-    return values
-
-
-def _infinity_configs(text: str) -> list[str]:
-    labels = [v.strip() for v in text.split(",") if v.strip()]
-    unknown = sorted(set(labels) - set(INFINITY_LABELS))
-    if not labels or unknown:
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(INFINITY_LABELS)}, got {text!r}")
-    return labels
-
-
-def _workloads(text: str) -> list[str]:
-    names = [WORKLOAD_ALIASES.get(v.strip().lower(), v.strip().upper()) for v in text.split(",") if v.strip()]
-    unknown = sorted(set(names) - set(WORKLOADS))
-    if not names or unknown:
-        aliases = ", ".join(f"{k} = {v}" for k, v in WORKLOAD_ALIASES.items())
-        raise argparse.ArgumentTypeError(f"expected some of {', '.join(WORKLOADS)} ({aliases}), got {text!r}")
-    return names
-
-
-def _rate(text: str) -> float:
-    from bench.mixed import MAX_RATE
-
-    value = float(text)
-    if not 0 < value <= MAX_RATE:
-        raise argparse.ArgumentTypeError(f"must be within (0, {MAX_RATE:g}] req/s, got {text}")
-    return value
-
-
-def inprocess_spec(text: str) -> tuple[str, Path]:
-    label, sep, path = text.partition("=")
-    if not sep or not label or not path:
-        raise argparse.ArgumentTypeError(f"expected LABEL=MODEL_DIR, got {text!r}")
-    return label, Path(path)
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("systems")
     g.add_argument(
@@ -162,7 +120,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--infinity-configs",
-        type=_infinity_configs,
+        type=infinity_configs,
         default=None,
         metavar="LABEL[,LABEL...]",
         help=f"with --with-infinity, only these of {', '.join(INFINITY_LABELS)} (default: all)",
@@ -247,14 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--workloads",
-        type=_workloads,
+        type=workloads,
         default=None,
         metavar="W[,W...]",
         help="measure only these workloads: W1, W2, W3, W4 (aliases single, batch, open, mixed); default all",
     )
     run.add_argument(
         "--mixed-rate",
-        type=_rate,
+        type=rate,
         default=MIXED_RATE,
         help=f"W4: req/s offered, Poisson arrivals of 1-4, 32 or 256 texts (default {MIXED_RATE:g}, "
         "about 30 texts/s)",
@@ -275,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-mixed", action="store_true", help="skip the mixed-size open-loop workload W4")
     run.add_argument(
         "--rounds",
-        type=_positive,
+        type=positive,
         default=1,
         help="start and measure every HTTP system this many times, round after round; the ratios are "
         "the median over the rounds (default 1)",

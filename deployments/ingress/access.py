@@ -8,14 +8,19 @@ added to every answer. The key itself goes no further than ``AccessGate.admit``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from contextvars import ContextVar
 
+from ray import serve
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import ServiceError
 from deployments.access.gate import ANONYMOUS, AccessGate, Admission
 from deployments.access.tenants import TenantPolicy
 from deployments.ingress.errors import error_response
+
+log = logging.getLogger("textserve.ingress")
 
 # Open to anyone: load balancers' probes and the API's own description (no data, no model time).
 OPEN_PATHS = frozenset({"/healthz", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
@@ -71,3 +76,16 @@ def _authorization(scope: Scope) -> str | None:
         if key == b"authorization":
             return value.decode("latin-1")
     return None
+
+
+async def ingress_replicas() -> int:
+    """Running replicas of this ingress deployment, each of which enforces its share of a tenant's limits; 1
+    when Serve cannot say."""
+    try:
+        context = serve.get_replica_context()
+        status = await asyncio.to_thread(serve.status)
+        deployment = status.applications[context.app_name].deployments[context.deployment]
+        return max(1, deployment.replica_states.get("RUNNING", 1))
+    except Exception as exc:
+        log.debug("ingress replica count unknown: %r", exc)
+        return 1

@@ -32,7 +32,7 @@ from contracts.tokenized import TokenizeJob
 from deployments.access.gate import AccessGate
 from deployments.config import RouterArgs, resolve_path
 from deployments.ingress import generation, retrieval
-from deployments.ingress.access import AccessControl, admission
+from deployments.ingress.access import AccessControl, admission, ingress_replicas
 from deployments.ingress.accounting import RequestAccounting
 from deployments.ingress.api import api, body_doc
 from deployments.ingress.errors import (
@@ -157,7 +157,7 @@ class Ingress:
                 self._gate.reload_if_changed()  # a rotated key or policy takes effect with no restart
             if self._gate.enabled and now - last_count >= REPLICA_COUNT_S:
                 last_count = now
-                self._gate.set_replicas(await _ingress_replicas())
+                self._gate.set_replicas(await ingress_replicas())
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
@@ -395,15 +395,3 @@ class Ingress:
             "versions": versions,
         }
         return Response(render(body, "application/json"), media_type="application/json")
-
-
-async def _ingress_replicas() -> int:
-    """Running replicas of this ingress deployment; 1 when Serve cannot say."""
-    try:
-        context = serve.get_replica_context()
-        status = await asyncio.to_thread(serve.status)
-        deployment = status.applications[context.app_name].deployments[context.deployment]
-        return max(1, deployment.replica_states.get("RUNNING", 1))
-    except Exception as exc:
-        log.debug("ingress replica count unknown: %r", exc)
-        return 1

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from bench.cli import Options, parse
-from bench.inprocess import RowPlan, default_micro_batch, measure_model, plan_passes, rows_for
+from bench.embedder import plan_passes
+from bench.inprocess import RowPlan, default_micro_batch, measure_model, rows_for
 from bench.inprocess_plan import InprocessSpec, inprocess_specs, served_torch_spec, service_micro_batch
 from bench.runner import workload_plan
 from deployments.config import RuntimeConfig
