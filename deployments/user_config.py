@@ -125,6 +125,8 @@ class PipelineConfig(_Frozen):
         default=0.25,
         ge=0.0,
         le=1.0,
-        description="The share of the pipeline's recent busy time that bulk (batch-priority) tenants keep "
-        "while interactive work waits too: interactive groups go first, bulk is never starved.",
+        description="The share of recent busy time that bulk (batch-priority) tenants keep while "
+        "interactive work waits too, in the pipeline's groups and at Inference's batch queue: interactive "
+        "work goes first, bulk is never starved. Raise it when bulk jobs must finish in a window; lower it "
+        "for interactive tails.",
     )

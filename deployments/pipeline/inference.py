@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ray
@@ -45,7 +45,7 @@ from deployments.user_config import BatchingConfig, PipelineConfig
 log = logging.getLogger("textserve.inference")
 
 _DEFAULTS = BatchingConfig()
-_BULK_SHARE = PipelineConfig().batch_min_share
+_BULK_SHARE = PipelineConfig().batch_min_share  # until the pipeline's first call says otherwise
 FAULT_INJECTION_ENV = "TEXTSERVE_FAULT_INJECTION"
 
 
@@ -117,7 +117,7 @@ class InferenceDeployment:
         )
         # One thread runs the model so the event loop keeps admitting requests into the next batch.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-        # Bulk groups one at a time, as the pipeline's groups, with the pipeline's guaranteed share.
+        # Bulk groups one at a time, as the pipeline's groups; their guaranteed share comes with each call.
         self._gate = PriorityGate(PriorityPolicy(batch_slots=1, batch_min_share=_BULK_SHARE))
         self._apply(_DEFAULTS)
         self._metrics = InferenceMetrics(
@@ -158,9 +158,15 @@ class InferenceDeployment:
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
 
-    async def infer(self, group: Group, priority: Priority = "interactive") -> Answers:
+    async def infer(
+        self, group: Group, priority: Priority = "interactive", batch_min_share: float = _BULK_SHARE
+    ) -> Answers:
         """A group of requests' sequences, batched with whatever else is queued; errors pass through.
-        ``priority``: the group's class (a group holds one), at the gate in front of the batch queue."""
+        ``priority``: the group's class (a group holds one), at the gate in front of the batch queue;
+        ``batch_min_share``: the pipeline's setting in force (its user_config), so both places follow it."""
+        if batch_min_share != self._gate.scheduler.policy.batch_min_share:
+            policy = self._gate.scheduler.policy
+            self._gate.scheduler.policy = replace(policy, batch_min_share=batch_min_share)
         group = [self._same_tokenizer(member) for member in group]
         queued = QueuedGroup(group, time.perf_counter(), time.time_ns())
         self._metrics.queue_changed(queued.requests)

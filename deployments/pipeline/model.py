@@ -213,7 +213,7 @@ class ModelDeployment:
                 encoded = await group.sending(served.tokenizer.encode.remote(tokenize))
             outputs: list[Any] = group.keep_live(encoded, _GONE)
             if any(isinstance(e, EncodedTexts) for e in outputs):
-                call = served.inference.infer.remote(outputs, priority)
+                call = served.inference.infer.remote(outputs, priority, self._config.batch_min_share)
                 outputs = group.keep_live(await group.sending(call), _GONE)
             if all(isinstance(o, ServiceError) for o in outputs):
                 return outputs

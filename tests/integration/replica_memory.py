@@ -15,6 +15,8 @@ import psutil
 from tests.integration.conftest import APP, DEFAULT_MODEL
 
 MB = 2**20
+# A soak's client timeout, above the service's 30 s deadline: a hang is a failure there, not a stuck test.
+CLIENT_TIMEOUT_S = 45.0
 # A replica's memory "kept growing" when its last third's median RSS passes its first third's by both.
 RSS_GROWTH_RATIO = 0.15
 RSS_GROWTH_BYTES = 50 * MB

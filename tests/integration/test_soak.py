@@ -29,6 +29,7 @@ import psutil
 import pytest
 
 from tests.integration.replica_memory import (
+    CLIENT_TIMEOUT_S,
     MB,
     RSS_GROWTH_BYTES,
     RSS_GROWTH_RATIO,
@@ -44,7 +45,6 @@ from tests.integration.traffic import error_code
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CLIENT_TIMEOUT_S = 45.0  # above the service's 30 s deadline: a hang is a failure here, not a stuck test
 OVERLOAD_CLIENTS = 64
 OVERLOAD_S = 60.0
 OVERLOAD_MAX_IN_FLIGHT = 8

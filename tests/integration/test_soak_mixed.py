@@ -21,6 +21,7 @@ import pytest
 from tests.integration.conftest import DEFAULT_MODEL
 from tests.integration.matrix import LARGEST, texts
 from tests.integration.replica_memory import (
+    CLIENT_TIMEOUT_S,
     MB,
     RSS_GROWTH_BYTES,
     RSS_GROWTH_RATIO,
@@ -35,7 +36,6 @@ from tests.integration.replica_memory import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CLIENT_TIMEOUT_S = 45.0  # above the service's 30 s deadline: a hang is a failure here, not a stuck test
 SOAK_MIX_S = float(os.environ.get("SOAK_MIX_SECONDS", "600"))
 MIX = (0.80, 0.17, 0.03)  # shares of 1-4 texts, 32, the largest request: the users' long tail
 MIX_RATE = 6.0  # requests/s: about 90 texts/s, well within what 2 cores sustain for this mix

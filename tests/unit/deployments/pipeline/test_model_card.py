@@ -111,7 +111,8 @@ def test_inference_refuses_ids_made_by_another_tokenizer(versions):
     encoded = dataclasses.replace(_encode(model, "a fine day"), tokenizer_id=model.tokenizer_id)
     foreign = dataclasses.replace(encoded, tokenizer_id="another-tokenizer")
     error = InvalidRequestError("bad input")  # an earlier stage's error passes through untouched
-    mine, refused, passed = asyncio.run(inference.infer([encoded, foreign, error]))
+    mine, refused, passed = asyncio.run(inference.infer([encoded, foreign, error], "batch", 0.4))
+    assert inference._gate.scheduler.policy.batch_min_share == 0.4  # the pipeline's setting, as it sent it
     assert mine is encoded and passed is error
     assert isinstance(refused, UnavailableError) and "changing versions" in str(refused)
     assert batched[0][0] is encoded and not isinstance(batched[0][1], type(encoded))

@@ -24,6 +24,7 @@ from deployments.repository.manifest import ResolvedModel
 from deployments.user_config import PipelineConfig
 
 _PRIORITIES: list[Priority] = []  # the classes Inference was told, in call order
+_SHARES: list[float] = []  # and the bulk share in force
 
 
 class _Call:
@@ -59,10 +60,11 @@ class _Handle:
 
 
 def _infer(
-    group: list[EncodedTexts | ServiceError], priority: Priority = "interactive"
+    group: list[EncodedTexts | ServiceError], priority: Priority = "interactive", batch_min_share: float = 0.0
 ) -> list[ModelOutput | ServiceError]:
     """Stands in for Inference: one row per text, its token count / 3 in every column."""
     _PRIORITIES.append(priority)
+    _SHARES.append(batch_min_share)
     identity = ModelIdentity(name="all-MiniLM-L6-v2", version="1")
     return [
         m
@@ -120,14 +122,16 @@ def test_a_large_group_goes_to_the_stage_replicas_with_the_same_answers(pipeline
 def test_every_group_infers_in_inference_told_its_class_on_either_path(pipeline, inline_chars: int) -> None:
     """The batch forms in one place, Inference, whose gate orders the classes: small groups too go there."""
     deployment, _, _ = pipeline
-    deployment.reconfigure({"inline_chars": inline_chars})
+    deployment.reconfigure({"inline_chars": inline_chars, "batch_min_share": 0.4})
     options = ResponseOptions(route="embeddings")
     _PRIORITIES.clear()
+    _SHARES.clear()
     for priority in ("batch", "interactive"):
         jobs = [PipelineJob(TokenizeJob(["a text"]), options, version="1", priority=priority)]
         answers = asyncio.run(deployment._through_stages(jobs, "1"))
         assert all(isinstance(a, SerializedResponse) for a in answers)
     assert _PRIORITIES == ["batch", "interactive"]
+    assert _SHARES == [0.4, 0.4]  # the pipeline's setting reaches Inference's gate too
 
 
 def test_a_group_holds_at_most_max_group_inputs_and_a_larger_request_runs_alone(pipeline) -> None:
