@@ -17,7 +17,7 @@ from ray.serve import Application
 from deployments.config import ModelAppArgs, RouterArgs
 from deployments.ingress.server import Ingress
 from deployments.pipeline.card import INFERENCE, ROLE_PREFIX, TOKENIZER, Role
-from deployments.pipeline.generator import GeneratorDeployment
+from deployments.pipeline.generator import GeneratorDeployment, check_generation
 from deployments.pipeline.inference import InferenceDeployment
 from deployments.pipeline.model import ModelDeployment, ServedVersion
 from deployments.pipeline.stages import SerializerDeployment, TokenizerDeployment
@@ -38,7 +38,16 @@ def build_model(args: dict[str, Any]) -> Application:
         config.model.task == "generate"
     ):  # one deployment: prompt, engine and detokenizer (pipeline/generator.py)
         model = resolve_model(config.model, hash_files=config.runtime.verify_checksums)
-        return GeneratorDeployment.bind(model, config.model.device, config.generation, obs, config.runtime)
+        draft = None
+        if (spec := config.generation.speculative) is not None and spec.draft is not None:
+            named = {"name": spec.draft.name, "version": spec.draft.version}
+            draft = resolve_model(
+                config.model.model_copy(update=named), hash_files=config.runtime.verify_checksums
+            )
+        check_generation(model, config.generation, draft)  # here too: `serve run` fails before any replica
+        return GeneratorDeployment.bind(
+            model, config.model.device, config.generation, obs, config.runtime, draft
+        )
     versions = []
     for role, model_config in zip(ROLES, config.served_models(), strict=False):
         model = resolve_model(model_config, hash_files=config.runtime.verify_checksums)

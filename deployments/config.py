@@ -146,6 +146,52 @@ class RuntimeConfig(_Frozen):
     torch_profiler: ProfilerConfig = ProfilerConfig()
 
 
+class DraftModelConfig(_Frozen):
+    """The draft model of speculative decoding: a smaller causal LM with the target's tokenizer, in the
+    target's repository, loaded in the target's precision on its device."""
+
+    name: str
+    version: str = "1"
+
+
+class SpeculativeConfig(_Frozen):
+    """Speculative decoding (deployments/runtime/generate/speculative.py): a cheap proposer guesses
+    ``tokens`` next tokens of each row and the model checks them all in one pass, keeping the longest run
+    it agrees with plus one token of its own. Greedy output stays the model's own, sampled output follows
+    its distribution. Pays when one decode step is dominated by reading the weights (small batches)."""
+
+    method: Literal["draft", "ngram"] = Field(
+        description="draft: a small model with the same tokenizer proposes (needs ``draft``); ngram: the "
+        "tokens that followed the last n-gram's most recent earlier occurrence in the prompt and output "
+        "(no model; pays when outputs copy the prompt: extraction, code edits, RAG quotes)."
+    )
+    draft: DraftModelConfig | None = None
+    tokens: int = Field(
+        default=4,
+        ge=1,
+        le=16,
+        description="Tokens proposed per step. More pays when the proposer agrees often (a well-matched "
+        "draft); fewer when it does not. Each costs one KV slot per request beside its reservation.",
+    )
+    max_rows: int = Field(
+        default=8,
+        ge=1,
+        description="Speculate while the batch has at most this many rows; above it, plain decode steps. "
+        "A large batch is compute-bound and gains little from checking several tokens per row: raise it "
+        "on a GPU, where a step is memory-bound up to larger batches.",
+    )
+    ngram_max: int = Field(default=4, ge=1, description="ngram: the longest n-gram looked up first.")
+    ngram_min: int = Field(default=2, ge=1, description="ngram: the shortest n-gram tried.")
+
+    @model_validator(mode="after")
+    def _draft_named(self) -> SpeculativeConfig:
+        if self.method == "draft" and self.draft is None:
+            raise ValueError("speculative.method draft needs speculative.draft (name, version)")
+        if self.ngram_min > self.ngram_max:
+            raise ValueError("speculative.ngram_min is above ngram_max")
+        return self
+
+
 class GenerationConfig(_Frozen):
     """Task generate: the continuous-batching engine's bounds (deployments/runtime/generate/engine.py)."""
 
@@ -153,8 +199,28 @@ class GenerationConfig(_Frozen):
     kv_cache_tokens: int = Field(
         default=32768,
         ge=16,
-        description="KV cache bound in token slots per layer, padding included. A request is admitted only "
-        "when the batch can hold its whole generation (prompt + max_tokens); until then it waits.",
+        description="KV cache bound in token slots per layer, padding included: the running batch's "
+        "buffers never hold more. A request is admitted only when the batch can hold its whole generation "
+        "(prompt + max_tokens); until then it waits. Must hold one request of the model's whole context "
+        "(refused at start otherwise). Raise it for more concurrent long requests if memory allows.",
+    )
+    prefix_cache_tokens: int = Field(
+        default=8192,
+        ge=0,
+        description="Prefix caching: prompt prefixes already computed (a shared system prompt, an "
+        "instruction template) are kept, up to this many token slots per layer beside kv_cache_tokens, and "
+        "reused instead of prefilled again; least recently used evicted first. 0 turns it off. Size it to "
+        "the distinct shared prefixes your traffic has (each costs its length).",
+    )
+    prefix_block_tokens: int = Field(
+        default=16,
+        ge=1,
+        le=512,
+        description="Prefix caching's unit: prompts share cached keys and values in whole blocks of this "
+        "many tokens. Smaller reuses more of a partly shared prefix, at more lookups.",
+    )
+    speculative: SpeculativeConfig | None = Field(
+        default=None, description="Speculative decoding; null: off (one token per decode step)."
     )
     prefill_chunk_tokens: int = Field(
         default=256,

@@ -58,12 +58,56 @@ class GenerationMetrics:
         )
         self.kv_used = metrics.Gauge(
             "generate_kv_cache_blocks_used",
-            description=f"KV cache blocks ({BLOCK_TOKENS} token slots per layer) held by the batch.",
+            description=f"KV cache blocks ({BLOCK_TOKENS} token slots per layer) reserved by the admitted "
+            "requests: what admission checks (each request's whole generation, rows padded to the longest).",
             tag_keys=("model",),
         )
         self.kv_free = metrics.Gauge(
             "generate_kv_cache_blocks_free",
             description="KV cache blocks left of the configured kv_cache_tokens.",
+            tag_keys=("model",),
+        )
+        self.prefix_blocks_used = metrics.Gauge(
+            "generate_prefix_cache_blocks_used",
+            description="Prefix cache blocks (generation.prefix_block_tokens each) held.",
+            tag_keys=("model",),
+        )
+        self.prefix_blocks_free = metrics.Gauge(
+            "generate_prefix_cache_blocks_free",
+            description="Prefix cache blocks left of generation.prefix_cache_tokens.",
+            tag_keys=("model",),
+        )
+        self.prefix_hit_tokens = metrics.Counter(
+            "generate_prefix_cache_hit_tokens",
+            description="Prompt tokens served from the prefix cache (not prefilled). Hit rate: this over "
+            "generate_prefix_cache_prompt_tokens.",
+            tag_keys=("model",),
+        )
+        self.prefix_prompt_tokens = metrics.Counter(
+            "generate_prefix_cache_prompt_tokens",
+            description="Prompt tokens looked up in the prefix cache.",
+            tag_keys=("model",),
+        )
+        self.spec_proposed = metrics.Counter(
+            "generate_spec_proposed_tokens",
+            description="Speculative decoding: tokens proposed and checked.",
+            tag_keys=("model",),
+        )
+        self.spec_accepted = metrics.Counter(
+            "generate_spec_accepted_tokens",
+            description="Speculative decoding: proposed tokens the model kept. Acceptance rate: this over "
+            "generate_spec_proposed_tokens.",
+            tag_keys=("model",),
+        )
+        self.spec_checks = metrics.Counter(
+            "generate_spec_checks",
+            description="Speculative decoding: rows checked (one per row per speculative step).",
+            tag_keys=("model",),
+        )
+        self.spec_tokens = metrics.Counter(
+            "generate_spec_tokens",
+            description="Speculative decoding: tokens the checks gave (accepted plus the model's own). "
+            "Tokens per model pass: this over generate_spec_checks.",
             tag_keys=("model",),
         )
         self.preemptions = metrics.Counter(
@@ -94,6 +138,14 @@ class GenerationMetrics:
             self.waiting,
             self.kv_used,
             self.kv_free,
+            self.prefix_blocks_used,
+            self.prefix_blocks_free,
+            self.prefix_hit_tokens,
+            self.prefix_prompt_tokens,
+            self.spec_proposed,
+            self.spec_accepted,
+            self.spec_checks,
+            self.spec_tokens,
             self.preemptions,
             self.batch_rows,
             self.cancel_lag,
@@ -102,6 +154,7 @@ class GenerationMetrics:
         self.model_info = model_info_gauge()
         self._info = dict(info, model=model)
         self._stats = stats
+        self._counted: dict[str, int] = {}  # the engine's cumulative counts already added to the counters
         self._gauges = GaugeRefresher(self.refresh_gauges, STATS_PERIOD_S)
 
     def refresh_gauges(self) -> None:
@@ -114,3 +167,20 @@ class GenerationMetrics:
         used = -(-stats.kv_slots_used // BLOCK_TOKENS)
         self.kv_used.set(used)
         self.kv_free.set(stats.kv_slots_total // BLOCK_TOKENS - used)
+        if stats.prefix is not None:
+            self.prefix_blocks_used.set(stats.prefix.blocks_used)
+            self.prefix_blocks_free.set(stats.prefix.blocks_total - stats.prefix.blocks_used)
+            self._add(self.prefix_hit_tokens, "hit", stats.prefix.hit_tokens)
+            self._add(self.prefix_prompt_tokens, "prompt", stats.prefix.prompt_tokens)
+        if stats.spec is not None:
+            self._add(self.spec_proposed, "proposed", stats.spec.proposed)
+            self._add(self.spec_accepted, "accepted", stats.spec.accepted)
+            self._add(self.spec_checks, "checks", stats.spec.checks)
+            self._add(self.spec_tokens, "tokens", stats.spec.tokens)
+
+    def _add(self, counter: metrics.Counter, name: str, total: int) -> None:
+        """A counter from the engine's running total (read once a second, off the engine's thread)."""
+        delta = total - self._counted.get(name, 0)
+        if delta > 0:
+            counter.inc(delta)
+            self._counted[name] = total

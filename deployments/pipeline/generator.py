@@ -23,18 +23,25 @@ import torch
 from ray import serve
 from tokenizers import Tokenizer
 
-from contracts.errors import DeadlineExceededError, ModelExecutionError, OverloadedError, ServiceError
+from contracts.errors import (
+    DeadlineExceededError,
+    InputTooLongError,
+    ModelExecutionError,
+    OverloadedError,
+    ServiceError,
+)
 from contracts.outputs import GenerationDelta, ModelIdentity
 from contracts.tokenized import GenerationJob
 from deployments.config import GenerationConfig, ObservabilityConfig, RuntimeConfig
 from deployments.observability.generation_metrics import GenerationMetrics
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard
-from deployments.repository.manifest import ResolvedModel
+from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.runtime.cuda_memory import CacheRelease, apply_alloc_conf
 from deployments.runtime.generate.engine import Engine, EngineFullError, TokenEvent
 from deployments.runtime.generate.load import load_causal_lm
 from deployments.runtime.generate.sampling import Sampling
+from deployments.runtime.generate.speculative import DraftProposer, NgramProposer, Proposer
 from postprocess.completions import FinishReason, Usage
 from postprocess.detokenize import IncrementalDetokenizer, StopMatcher
 from preprocess.generation import GenerationParams, PromptBuilder, generation_params
@@ -58,8 +65,10 @@ class GeneratorDeployment:
         config: GenerationConfig,
         observability: ObservabilityConfig,
         runtime: RuntimeConfig | None = None,
+        draft: ResolvedModel | None = None,
     ) -> None:
         runtime = runtime or RuntimeConfig()
+        check_generation(model, config, draft)
         apply_alloc_conf(runtime.cuda_alloc_conf)  # before anything here touches CUDA
         setup_replica(observability)
         self._model = model
@@ -72,7 +81,8 @@ class GeneratorDeployment:
             model, device, packed=config.packed_weights, row_groups=config.row_group_attention
         )
         self._release = CacheRelease(lm.device, runtime.cuda_cache_release_fraction)
-        self._engine = Engine(lm, self._prompts.eos_token_ids, config, self._step)
+        proposer = _proposer(config, draft, device)
+        self._engine = Engine(lm, self._prompts.eos_token_ids, config, self._step, proposer)
         info = {"version": model.manifest.version, "backend": "torch", "device": str(lm.device)}
         self._metrics = GenerationMetrics(model.manifest.name, info, self._engine.stats)
         self._engine.start()
@@ -133,6 +143,9 @@ class GeneratorDeployment:
         except EngineFullError as exc:
             yield GenerationDelta(error=OverloadedError(f"generation queue is full ({exc}); retry shortly"))
             return
+        except ValueError as exc:  # more than the KV cache holds (check_generation keeps this from happening)
+            yield GenerationDelta(error=InputTooLongError(str(exc)))
+            return
         self._metrics.prompt_tokens.inc(len(prompt))
         stream = _Stream(self._tokenizer, prompt, params, self._metrics, time.perf_counter())
         try:
@@ -183,10 +196,54 @@ class GeneratorDeployment:
             "running": s.running,
             "waiting": s.waiting,
             "kv_slots_used": s.kv_slots_used,
+            "kv_slots_allocated": s.kv_slots_allocated,
             "steps": s.steps,
+            "prefix_hit_tokens": s.prefix.hit_tokens if s.prefix else None,
+            "prefix_prompt_tokens": s.prefix.prompt_tokens if s.prefix else None,
+            "spec_proposed": s.spec.proposed if s.spec else None,
+            "spec_accepted": s.spec.accepted if s.spec else None,
             "cancelled": self._cancelled,
             "max_cancel_lag_steps": self._max_cancel_lag,
         }
+
+
+def check_generation(model: ResolvedModel, config: GenerationConfig, draft: ResolvedModel | None) -> None:
+    """Refuse to start a generate model the engine could not serve: a KV budget below one request of the
+    model's whole context (its requests would wait forever or fail), or a draft with another tokenizer."""
+    context = model.manifest.input.max_tokens
+    spare = config.speculative.tokens if config.speculative is not None else 0
+    if config.kv_cache_tokens < context + spare:
+        raise ValueError(
+            f"{model.manifest.name}: generation.kv_cache_tokens ({config.kv_cache_tokens}) cannot hold one "
+            f"request of the model's whole context (manifest input.max_tokens: {context}"
+            + (f", plus generation.speculative.tokens: {spare}" if spare else "")
+            + "): raise kv_cache_tokens"
+        )
+    if draft is not None and draft.tokenizer_id != model.tokenizer_id:
+        raise ManifestError(
+            "input.tokenizer",
+            f"draft model {draft.manifest.name} v{draft.manifest.version} has another tokenizer than "
+            f"{model.manifest.name}: a draft must propose the target's own token ids",
+            draft.manifest_path,
+        )
+
+
+def _proposer(config: GenerationConfig, draft: ResolvedModel | None, device: str) -> Proposer | None:
+    spec = config.speculative
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return NgramProposer(spec.tokens, spec.ngram_max, spec.ngram_min)
+    if draft is None:
+        raise ValueError("generation.speculative.method draft: the draft model was not resolved")
+    lm = load_causal_lm(draft, device, packed=config.packed_weights, row_groups=config.row_group_attention)
+    log.info(
+        "speculative decoding: draft %s v%s, %d tokens",
+        draft.manifest.name,
+        draft.manifest.version,
+        spec.tokens,
+    )
+    return DraftProposer(lm, spec.tokens, config.kv_cache_tokens)
 
 
 def _deadline(job: GenerationJob) -> ServiceError:

@@ -5,8 +5,10 @@ One loop, on its own thread, owns the model. Each iteration it
 2. admits waiting requests while the batch has rows and KV slots for their whole generation;
 3. prefills prompts in chunks, at most ``prefill_chunk_tokens`` per iteration, so a long prompt does
    not stall the running streams; short prompts waiting together share one pass (``prefill_pack_tokens``),
-   so a burst costs one pass; a prompt done gives its first token and joins the batch;
-4. runs one decode step of the batch: one new token per running request.
+   so a burst costs one pass; a prompt whose first blocks were computed before (``prefix_cache.py``)
+   prefills only the rest; a prompt done gives its first token and joins the batch;
+4. runs one decode step of the batch: one new token per running request, or, with speculative decoding
+   (``speculative.py``) and a small batch, a check of each row's proposed tokens: one or more each.
 
 Tokens go out through each request's ``sink`` as ``TokenEvent``s; every request ends with exactly one
 event carrying its ``finish`` reason, whatever happens (a failed forward pass fails the requests it held,
@@ -21,8 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -31,60 +31,26 @@ from contracts.tokenized import Priority
 from deployments.config import GenerationConfig
 from deployments.runtime.generate.kv_batch import KVBatch, check_cache
 from deployments.runtime.generate.passes import can_pack, decode_step, prefill_pack, prefill_piece
-from deployments.runtime.generate.sampling import Sampler, Sampling, next_tokens
+from deployments.runtime.generate.prefix_cache import PrefixCache
+from deployments.runtime.generate.sampling import NON_FINITE, Sampler, Sampling, next_tokens
+from deployments.runtime.generate.sequence import (
+    EngineFullError,
+    EngineStats,
+    Finish,
+    Sequence,
+    Sink,
+    SpecCounts,
+    TokenEvent,
+)
+from deployments.runtime.generate.speculative import Proposer, speculative_step
 from deployments.user_config import PipelineConfig
 
 log = logging.getLogger("textserve.generate")
+__all__ = ["BATCH_TURN", "Engine", "EngineFullError", "EngineStats", "Finish", "Sink", "TokenEvent"]
 
-Finish = Literal["stop", "length", "cancelled", "error"]
 # A waiting bulk request gets at least every BATCH_TURN-th admission: the encoders' guaranteed bulk share.
 _DEFAULTS = GenerationConfig()  # the engine's bounds: serve_config.yaml's generation section
 BATCH_TURN = max(1, round(1 / max(PipelineConfig().batch_min_share, 0.01)))
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    request_id: str
-    token_id: int | None  # None on a final event that carries no token
-    finish: Finish | None = None
-    error: str | None = None
-    at: float = 0.0  # time.perf_counter() when it was emitted
-    cancel_lag_steps: int = 0  # finish "cancelled": decode steps between cancel() and leaving the batch
-
-
-@dataclass(frozen=True, slots=True)
-class EngineStats:
-    running: int
-    waiting: int  # queued or prefilling
-    kv_slots_used: int
-    kv_slots_total: int
-    steps: int
-    preemptions: int = 0  # admission reserves the whole generation: never preempts
-
-
-class EngineFullError(RuntimeError):
-    """The waiting queue is at ``max_waiting``."""
-
-
-Sink = Callable[[TokenEvent], None]
-
-
-@dataclass(slots=True)
-class _Sequence:
-    request_id: str
-    prompt: list[int]
-    max_new: int
-    sampler: Sampler
-    sink: Sink
-    eos: frozenset[int]
-    generated: list[int] = field(default_factory=list)
-    cache: DynamicCache | None = None
-    prefilled: int = 0
-    solo: bool = False  # was in a pack that failed: prefilled alone from now on
-
-    @property
-    def reserve(self) -> int:
-        return len(self.prompt) + self.max_new
 
 
 class Engine:
@@ -94,6 +60,7 @@ class Engine:
         eos_token_ids: tuple[int, ...],
         limits: GenerationConfig = _DEFAULTS,
         on_step: Callable[[int, float], None] | None = None,
+        proposer: Proposer | None = None,
     ) -> None:
         self.model = model.eval()
         self.device = model.device
@@ -105,16 +72,26 @@ class Engine:
         self._wake = threading.Event()
         # Waiting requests by their tenant's class: interactive ones are admitted first, but every
         # BATCH_TURN-th admission goes to a waiting bulk one (it is never starved).
-        self._waiting: dict[Priority, collections.deque[_Sequence]] = {
+        self._waiting: dict[Priority, collections.deque[Sequence]] = {
             "interactive": collections.deque(),
             "batch": collections.deque(),
         }
         self._since_batch = 0  # admissions since the last bulk one
-        self._prefilling: list[_Sequence] = []
+        self._prefilling: list[Sequence] = []
         self._in_pass = 1  # prompts in the prefill pass under way: the ones a failure of it fails
         self._packs = can_pack(model) and limits.prefill_pack_tokens > limits.prefill_chunk_tokens
-        self._running: list[_Sequence] = []
-        self._batch = KVBatch(self.device)
+        self._running: list[Sequence] = []
+        self._batch = KVBatch(self.device, limits.kv_cache_tokens)
+        self._prefixes = (
+            PrefixCache(limits.prefix_block_tokens, limits.prefix_cache_tokens)
+            if limits.prefix_cache_tokens
+            else None
+        )
+        self._proposer = proposer if limits.speculative is not None else None
+        # A speculative check writes this many columns past a row's next token: each request reserves them.
+        self._spare = limits.speculative.tokens if self._proposer is not None and limits.speculative else 0
+        self._spec = SpecCounts()
+        self._context = context_tokens(model)
         self._cancelled: dict[str, int] = {}  # request id -> the step count when cancel() was called
         self._steps = 0
         self._thread: threading.Thread | None = None
@@ -132,9 +109,11 @@ class Engine:
     ) -> None:
         if not prompt or max_new_tokens < 1:
             raise ValueError("a request needs a prompt and max_new_tokens >= 1")
-        seq = _Sequence(request_id, list(prompt), max_new_tokens, Sampler(sampling), sink, self.eos)
-        if seq.reserve > self.limits.kv_cache_tokens:
-            raise ValueError(f"{seq.reserve} tokens do not fit the KV cache ({self.limits.kv_cache_tokens})")
+        seq = Sequence(request_id, list(prompt), max_new_tokens, Sampler(sampling), sink, self.eos)
+        if seq.reserve + self._spare > self.limits.kv_cache_tokens:
+            raise ValueError(
+                f"{seq.reserve + self._spare} tokens do not fit the KV cache ({self.limits.kv_cache_tokens})"
+            )
         with self._lock:
             if self._queued() >= self.limits.max_waiting:
                 raise EngineFullError(f"{self.limits.max_waiting} requests already wait")
@@ -149,8 +128,24 @@ class Engine:
     def stats(self) -> EngineStats:
         with self._lock:
             waiting = self._queued() + len(self._prefilling)
-        batch = self._batch
-        return EngineStats(len(self._running), waiting, batch.slots, self.limits.kv_cache_tokens, self._steps)
+        active = self._running + self._prefilling
+        return EngineStats(
+            len(self._running),
+            waiting,
+            self._reservation(active),
+            self.limits.kv_cache_tokens,
+            self._steps,
+            kv_slots_allocated=self._batch.allocated,
+            kv_slots_filled=self._batch.slots,
+            prefix=self._prefixes.stats() if self._prefixes is not None else None,
+            spec=SpecCounts(**{f: getattr(self._spec, f) for f in SpecCounts.__slots__})
+            if self._proposer is not None
+            else None,
+        )
+
+    def _reservation(self, active: list[Sequence]) -> int:
+        """Token slots the batch may need for ``active``: every row padded to the longest whole generation."""
+        return len(active) * (max((s.reserve for s in active), default=0) + (self._spare if active else 0))
 
     @property
     def alive(self) -> bool:
@@ -187,13 +182,15 @@ class Engine:
             self._guarded(self._running, self._decode)
         return True
 
-    def _guarded(self, seqs: list[_Sequence], work: Callable[[], None]) -> None:
+    def _guarded(self, seqs: list[Sequence], work: Callable[[], None]) -> None:
         try:
             work()
         except Exception as exc:  # one failed pass fails the requests in it; the loop goes on
             log.exception("generation step failed")
             if seqs is self._running:
-                self._batch = KVBatch(self.device)
+                self._batch = KVBatch(self.device, self.limits.kv_cache_tokens)
+                if self._proposer is not None:
+                    self._proposer.reset()
                 failed = list(seqs)
             elif self._in_pass > 1:  # a pack: its prompts go again one by one, so only a bad one fails
                 for seq in seqs[: self._in_pass]:
@@ -235,12 +232,12 @@ class Engine:
                 if len(active) > self.limits.max_running:
                     return
                 # Rows are padded to the longest: reserve every row at the longest whole generation.
-                if len(active) * max(s.reserve for s in active) > self.limits.kv_cache_tokens:
+                if self._reservation(active) > self.limits.kv_cache_tokens:
                     return
                 self._prefilling.append(queue.popleft())
                 self._since_batch = 0 if queue is self._waiting["batch"] else self._since_batch + 1
 
-    def _next_queue(self) -> collections.deque[_Sequence] | None:
+    def _next_queue(self) -> collections.deque[Sequence] | None:
         interactive, batch = self._waiting["interactive"], self._waiting["batch"]
         if batch and (not interactive or self._since_batch >= BATCH_TURN - 1):
             return batch
@@ -258,6 +255,7 @@ class Engine:
                 self._prefill_pack(pack)
                 return  # a pack is this iteration's prefill
             seq = self._prefilling[0]
+            self._look_up(seq)
             start = seq.prefilled
             end = min(len(seq.prompt), start + budget)
             if seq.cache is None:
@@ -265,30 +263,47 @@ class Engine:
             logits = prefill_piece(self.model, seq.prompt, start, end, seq.cache)
             budget -= end - start
             seq.prefilled = end
+            if self._prefixes is not None:
+                self._prefixes.store(seq.prompt, seq.cache, end)
             if end < len(seq.prompt):
                 return  # the budget ran out inside this prompt: the rest next iteration
             token = next_tokens(logits, [seq.sampler])[0]
             if self._emit(seq, token) is None:
-                self._batch.add(seq.cache, len(seq.prompt))
-                self._running.append(seq)
+                self._join(seq, seq.cache)
             self._prefilling.pop(0)  # only now: until here a failure is this prompt's (see _guarded)
             seq.cache = None  # the batch holds it now
 
-    def _pack(self, limit: int) -> list[_Sequence]:
+    def _look_up(self, seq: Sequence) -> None:
+        """Once per request, before its first prefill: start after its longest cached prefix."""
+        if seq.looked_up or self._prefixes is None:
+            return
+        seq.looked_up = True
+        seq.prefilled, seq.cache = self._prefixes.lookup(seq.prompt, self.model.config)
+
+    def _join(self, seq: Sequence, cache: DynamicCache, start: int = 0) -> None:
+        """A prefilled request joins the batch (and the draft's batch, row for row)."""
+        if self._proposer is not None:
+            self._proposer.join(seq.prompt)
+        self._batch.add(cache, len(seq.prompt), start)
+        self._running.append(seq)
+
+    def _pack(self, limit: int) -> list[Sequence]:
         """Whole prompts from the head (none begun, none longer than a chunk), ``limit`` tokens at most."""
         if not self._packs:
             return []
-        pack: list[_Sequence] = []
+        pack: list[Sequence] = []
         tokens = 0
         for seq in self._prefilling:
             size = len(seq.prompt)
+            if size <= self.limits.prefill_chunk_tokens:
+                self._look_up(seq)  # a prompt with a cached prefix prefills only the rest, alone
             if seq.prefilled or seq.solo or size > self.limits.prefill_chunk_tokens or tokens + size > limit:
                 break
             pack.append(seq)
             tokens += size
         return pack
 
-    def _prefill_pack(self, pack: list[_Sequence]) -> None:
+    def _prefill_pack(self, pack: list[Sequence]) -> None:
         self._in_pass = len(pack)
         logits, cache, starts = prefill_pack(self.model, [seq.prompt for seq in pack])
         tokens = next_tokens(logits, [seq.sampler for seq in pack])
@@ -296,31 +311,58 @@ class Engine:
         self._in_pass = 1
         for seq, start, token in zip(pack, starts, tokens, strict=True):
             seq.prefilled = len(seq.prompt)
+            if self._prefixes is not None:
+                self._prefixes.store(seq.prompt, cache, len(seq.prompt), start)
             if self._emit(seq, token) is None:
-                self._batch.add(cache, len(seq.prompt), start)
-                self._running.append(seq)
+                self._join(seq, cache, start)
 
     def _decode(self) -> None:
         t0 = time.perf_counter()
-        ids = torch.tensor([[s.generated[-1]] for s in self._running], device=self.device)
-        logits = decode_step(self.model, self._batch, ids)
-        tokens = next_tokens(logits, [s.sampler for s in self._running])
+        tokens = None
+        if self._speculates():
+            assert self._proposer is not None
+            tokens = speculative_step(
+                self.model, self._batch, self._proposer, self._running, self._spare, self._spec
+            )
+        if tokens is None:
+            ids = torch.tensor([[s.generated[-1]] for s in self._running], device=self.device)
+            logits = decode_step(self.model, self._batch, ids)
+            tokens = [[t] for t in next_tokens(logits, [s.sampler for s in self._running])]
+            if self._proposer is not None:  # the draft's rows stay in step with the batch's
+                self._proposer.follow(ids)
         self._steps += 1
         rows = [
-            i for i, (s, t) in enumerate(zip(self._running, tokens, strict=True)) if self._emit(s, t) is None
+            i
+            for i, (s, ts) in enumerate(zip(self._running, tokens, strict=True))
+            if all(self._emit(s, t) is None for t in ts)  # all() stops at the finishing token
         ]
         if self._on_step is not None:
             self._on_step(len(tokens), time.perf_counter() - t0)
         self._keep_rows(rows)
 
+    def _speculates(self) -> bool:
+        spec = self.limits.speculative
+        return (
+            self._proposer is not None
+            and spec is not None
+            and len(self._running) <= spec.max_rows
+            and self._batch.columns + self._spare + 1 <= self._context  # positions within the model's
+        )
+
     def _keep_rows(self, rows: list[int]) -> None:
         if len(rows) != len(self._running):
             order = self._batch.keep(rows)  # the batch moves rows into holes: follow its order
+            if self._proposer is not None:
+                self._proposer.keep(rows)
             self._running = [self._running[i] for i in order]
 
     @staticmethod
-    def _emit(seq: _Sequence, token: int) -> Finish | None:
+    def _emit(seq: Sequence, token: int) -> Finish | None:
         """Send ``token``; the request's finish reason when it was its last (eos: not sent as text)."""
+        if token == NON_FINITE:
+            error = "non-finite logits (nan or inf): the model gave no usable scores for the next token"
+            _send(seq, TokenEvent(seq.request_id, None, "error", error, at=time.perf_counter()))
+            return "error"
         seq.generated.append(token)
         finish: Finish | None = None
         if token in seq.eos:
@@ -331,7 +373,12 @@ class Engine:
         return finish
 
 
-def _send(seq: _Sequence, event: TokenEvent) -> None:
+def context_tokens(model: PreTrainedModel) -> int:
+    """The positions the model has (its longest sequence)."""
+    return int(getattr(model.config, "max_position_embeddings", None) or 1 << 30)
+
+
+def _send(seq: Sequence, event: TokenEvent) -> None:
     """A sink that fails (its event loop closed) loses its own events, never the loop's other requests."""
     try:
         seq.sink(event)

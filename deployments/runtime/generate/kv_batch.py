@@ -7,8 +7,9 @@ columns past a shorter row's end masked (right padding). A finished row leaves b
 into the holes. Joining and leaving copy one row each, never the batch: the left-padded batch this
 replaced copied the whole cache on every join and leave, a third of the engine's time at 32 requests.
 
-The buffers grow (one copy) only when a row needs more columns, or the batch more rows, than they hold;
-they are freed when the batch empties.
+The buffers grow (one copy) only when a row needs more columns, or the batch more rows, than they hold,
+with room to spare only while rows x columns stays within ``budget`` (the engine's ``kv_cache_tokens``):
+the memory allocated never exceeds the budget that admission checks. They are freed when the batch empties.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+
+class KVBudgetError(RuntimeError):
+    """The batch was asked to hold more token slots than its budget (admission should have waited)."""
 
 
 class UnsupportedCacheError(RuntimeError):
@@ -46,16 +51,15 @@ class RowLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if key_states.shape[-2] != 1:
-            raise RuntimeError("the running batch takes one new token per row (decode steps only)")
         return self._batch.write(self._index, key_states, value_states)
 
 
 class KVBatch:
     """Rows of the running batch: their cache and real lengths (no torch grad)."""
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", budget: int | None = None) -> None:
         self.device = torch.device(device)
+        self.budget = budget  # token slots per layer the buffers may hold (rows x columns); None: no bound
         self.cache: DynamicCache | None = None
         self.lengths: list[int] = []
         self._keys: list[torch.Tensor] = []  # per layer: (row capacity, heads, column capacity, dim)
@@ -63,6 +67,7 @@ class KVBatch:
         self._write_rows = torch.zeros(0, dtype=torch.long)
         self._write_columns = torch.zeros(0, dtype=torch.long)
         self._write_width = 0
+        self._write_tokens = 1
 
     @property
     def rows(self) -> int:
@@ -89,8 +94,8 @@ class KVBatch:
         check_cache(cache)
         layers = cache.layers
         if not self._keys:
-            self._keys = [_zeros(layer.keys, ROW_STEP, length) for layer in layers]
-            self._values = [_zeros(layer.values, ROW_STEP, length) for layer in layers]
+            self._keys = [_zeros(layer.keys) for layer in layers]
+            self._values = [_zeros(layer.values) for layer in layers]
         self._reserve(self.rows + 1, length)
         row = self.rows
         for mine_k, mine_v, theirs in zip(self._keys, self._values, layers, strict=True):
@@ -102,31 +107,48 @@ class KVBatch:
             self.cache.layers[:] = [RowLayer(self, i) for i in range(len(layers))]
         self._views(self.columns)
 
-    def step_inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The attention mask and position ids of one decode step (one new token per row); the step's
-        new columns are where ``write`` puts them."""
-        self._reserve(self.rows, self.columns + 1)
+    @property
+    def allocated(self) -> int:
+        """Token slots per layer the buffers hold now (rows x columns of capacity): at most ``budget``."""
+        rows, columns = self.capacity
+        return rows * columns
+
+    def step_inputs(self, tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """The attention mask and position ids of one decode step of ``tokens`` new tokens per row (more
+        than one: a speculative check); the step's new columns are where ``write`` puts them. One token: a
+        padding mask (rows, columns + 1); more: each new token sees its row's cache and the new tokens up to
+        itself, a 4D mask (rows, 1, tokens, columns + tokens) that the model takes as it is."""
+        self._reserve(self.rows, self.columns + tokens)
         lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)
-        self._write_rows = torch.arange(self.rows, device=self.device)
-        self._write_columns = lengths
-        self._write_width = self.columns + 1  # once per step, not once per layer
-        mask = (torch.arange(self.columns + 1, device=self.device)[None, :] <= lengths[:, None]).long()
-        return mask, lengths[:, None]
+        positions = lengths[:, None] + torch.arange(tokens, device=self.device)[None, :]
+        self._write_rows = torch.arange(self.rows, device=self.device).repeat_interleave(tokens)
+        self._write_columns = positions.reshape(-1)
+        self._write_tokens = tokens
+        self._write_width = self.columns + tokens  # once per step, not once per layer
+        columns = torch.arange(self._write_width, device=self.device)
+        if tokens == 1:
+            return (columns[None, :] <= lengths[:, None]).long(), positions
+        return columns[None, None, None, :] <= positions[:, None, :, None], positions
 
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode step's update of ``layer``: each row's new key and value at its own column; the keys
-        and values to attend over (every row's, ``columns + 1`` wide)."""
+        """A decode step's update of ``layer``: each row's new keys and values from its own column; the keys
+        and values to attend over (every row's, ``columns + tokens`` wide)."""
+        if keys.shape[-2] != self._write_tokens:
+            raise RuntimeError("a decode step writes the tokens step_inputs was asked for")
         rows, columns = self._write_rows, self._write_columns
-        self._keys[layer][rows, :, columns] = keys[:, :, 0]
-        self._values[layer][rows, :, columns] = values[:, :, 0]
-        rows_n, width = len(rows), self._write_width
+        self._keys[layer][rows, :, columns] = keys.transpose(1, 2).reshape(len(rows), keys.shape[1], -1)
+        self._values[layer][rows, :, columns] = values.transpose(1, 2).reshape(len(rows), values.shape[1], -1)
+        rows_n, width = self.rows, self._write_width
         return self._keys[layer][:rows_n, :, :width], self._values[layer][:rows_n, :, :width]
 
-    def advance(self) -> None:
-        """After a decode step: every row holds one token more (the model wrote it into the buffers)."""
-        self.lengths = [n + 1 for n in self.lengths]
+    def advance(self, kept: list[int] | None = None) -> None:
+        """After a decode step: every row holds one token more (the model wrote it into the buffers), or
+        ``kept[r]`` more (a speculative check keeps the tokens it accepted; the rest of what it wrote lies
+        past the row's end, masked, and is overwritten by the next step)."""
+        steps = [1] * self.rows if kept is None else kept
+        self.lengths = [n + k for n, k in zip(self.lengths, steps, strict=True)]
         self._views(self.columns)
 
     def keep(self, rows: list[int]) -> list[int]:
@@ -155,19 +177,42 @@ class KVBatch:
         return order
 
     def _reserve(self, rows: int, columns: int) -> None:
-        """Grow the buffers (one copy) to hold ``rows`` x ``columns``, with room to spare."""
+        """Grow the buffers (one copy) to hold ``rows`` x ``columns``, with room to spare in the budget."""
         have_rows, have_columns = self.capacity
         if rows <= have_rows and columns <= have_columns:
             return
-        new_rows = have_rows if rows <= have_rows else _round_up(max(rows, have_rows * 2), ROW_STEP)
-        if columns > have_columns:
-            have_columns = _round_up(max(columns, have_columns * 5 // 4), COLUMN_STEP)
+        new_rows, new_columns = self._fit(
+            max(rows, self.rows),
+            max(columns, self.columns),
+            have_rows if rows <= have_rows else max(rows, have_rows * 2),
+            have_columns if columns <= have_columns else max(columns, have_columns * 5 // 4),
+        )
         filled = self.columns
         for buffers in (self._keys, self._values):
             for i, old in enumerate(buffers):
-                grown = old.new_zeros((new_rows, old.shape[1], have_columns, old.shape[3]))
+                grown = old.new_zeros((new_rows, old.shape[1], new_columns, old.shape[3]))
                 grown[: self.rows, :, :filled] = old[: self.rows, :, :filled]
                 buffers[i] = grown
+
+    def _fit(self, rows: int, columns: int, want_rows: int, want_columns: int) -> tuple[int, int]:
+        """The roomiest shape of the ones tried, in order, that stays within the budget: the spare room
+        goes first, the rounding last. Admission keeps ``rows x columns`` itself within it."""
+        shapes = [
+            (_round_up(want_rows, ROW_STEP), _round_up(want_columns, COLUMN_STEP)),
+            (_round_up(rows, ROW_STEP), _round_up(want_columns, COLUMN_STEP)),
+            (_round_up(want_rows, ROW_STEP), _round_up(columns, COLUMN_STEP)),
+            (_round_up(rows, ROW_STEP), _round_up(columns, COLUMN_STEP)),
+            (rows, _round_up(columns, COLUMN_STEP)),
+            (_round_up(rows, ROW_STEP), columns),
+        ]
+        for shape in shapes:
+            if self.budget is None or shape[0] * shape[1] <= self.budget:
+                return shape
+        if rows * columns > self.budget:  # type: ignore[operator]  # budget is set: the loop tried it
+            raise KVBudgetError(
+                f"{rows} rows x {columns} columns exceed the KV budget of {self.budget} slots"
+            )
+        return rows, columns
 
     def _views(self, width: int) -> None:
         if self.cache is None:
@@ -181,8 +226,9 @@ def _round_up(n: int, step: int) -> int:
     return -(-n // step) * step
 
 
-def _zeros(like: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
-    """A zeroed buffer (rows, heads, columns, dim): masked columns must hold finite numbers, since a
-    masked score is still computed before the mask replaces it."""
+def _zeros(like: torch.Tensor) -> torch.Tensor:
+    """An empty buffer (0 rows, heads, 0 columns, dim) that ``_reserve`` grows. Grown buffers are zeroed:
+    masked columns must hold finite numbers, since a masked score is still computed before the mask
+    replaces it."""
     _, heads, _, dim = like.shape
-    return like.new_zeros((rows, heads, _round_up(columns, COLUMN_STEP), dim))
+    return like.new_zeros((0, heads, 0, dim))

@@ -1,5 +1,6 @@
 """The model passes the engine runs (``engine.py`` decides when): a piece of one prompt, whole prompts
-packed into one pass, and a decode step of the running batch. No scheduling here.
+packed into one pass, a decode step of the running batch, and a speculative check of several tokens per
+row. No scheduling here.
 
 Every pass gives each prompt or row the numbers it gets alone: a piece extends its prompt's own one-row
 cache; a pack lays prompts end to end and each attends over its own tokens only
@@ -69,3 +70,12 @@ def decode_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> to
     )
     batch.advance()
     return out.logits[:, -1, :]
+
+
+def verify_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> torch.Tensor:
+    """A speculative check of ``batch``: ``ids`` (rows, tokens) each row's next token and its proposals,
+    in one pass, each seeing its row's cache and the tokens before it. The logits after each (rows, tokens,
+    vocab). The batch's lengths stay: the caller advances each row by what it accepted."""
+    mask, positions = batch.step_inputs(ids.shape[1])
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True)
+    return out.logits

@@ -46,26 +46,36 @@ class Sampler:
         return self.generator
 
 
+NON_FINITE = -1  # next_tokens' token for a row whose logits hold a NaN or an infinity
+
+
 def next_tokens(logits: torch.Tensor, samplers: list[Sampler]) -> list[int]:
     """``logits``: (rows, vocabulary) for the last position of each row, on any device. One copy to the
-    host for the whole batch."""
+    host for the whole batch. A row with a non-finite logit gets ``NON_FINITE``: argmax would pick a NaN's
+    index and sampling would fail, and either would pass for a token."""
     chosen = logits.argmax(dim=-1)
+    finite = torch.isfinite(logits).all(dim=-1)
     for row, sampler in enumerate(samplers):
         if not sampler.params.greedy:
-            chosen[row] = draw(logits[row], sampler)
-    return chosen.tolist()
+            chosen[row] = draw(logits[row], sampler) if bool(finite[row]) else NON_FINITE
+    return torch.where(finite, chosen, NON_FINITE).tolist()
+
+
+def probabilities(logits: torch.Tensor, params: Sampling) -> torch.Tensor:
+    """The distribution a sampled request draws from: softmax at its temperature, outside the top-p
+    nucleus zeroed and the rest renormalized (a speculative check reads a token's probability from it).
+    ``logits``: (..., vocabulary)."""
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
 
 
 def draw(logits: torch.Tensor, sampler: Sampler) -> torch.Tensor:
     """One sampled token id of a row's ``logits`` (vocabulary,), as a 0-d tensor on their device."""
-    probs = torch.softmax(logits.float() / sampler.params.temperature, dim=-1)
-    generator = sampler.generator_on(probs.device)
-    top_p = sampler.params.top_p
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
-        sorted_probs[drop] = 0.0
-        pick = torch.multinomial(sorted_probs, 1, generator=generator)
-        return order[pick][0]
-    return torch.multinomial(probs, 1, generator=generator)[0]
+    probs = probabilities(logits, sampler.params)
+    return torch.multinomial(probs, 1, generator=sampler.generator_on(probs.device))[0]

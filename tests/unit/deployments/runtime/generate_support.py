@@ -199,6 +199,8 @@ def step(engine: Engine) -> bool:
     stats = engine.stats()
     limits = engine.limits
     assert stats.kv_slots_used <= limits.kv_cache_tokens == stats.kv_slots_total
+    # The memory the batch holds, not only what admission counts, stays within the budget.
+    assert stats.kv_slots_filled <= stats.kv_slots_allocated <= limits.kv_cache_tokens
     assert stats.running <= limits.max_running
     return busy
 

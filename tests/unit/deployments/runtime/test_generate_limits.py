@@ -11,9 +11,10 @@ from transformers import (
     PreTrainedModel,
 )
 
-from deployments.config import GenerationConfig
+from deployments.config import GenerationConfig, SpeculativeConfig
 from deployments.runtime.generate.engine import Engine, EngineFullError
 from deployments.runtime.generate.sampling import Sampling
+from deployments.runtime.generate.speculative import NgramProposer
 from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fixtures
     GREEDY,
     SAMPLED,
@@ -53,7 +54,7 @@ def test_cancel_leaves_within_one_step(gpt2: PreTrainedModel) -> None:
     assert (engine.stats().running, engine.stats().waiting) == (4, 0)
 
     made = len(events.tokens("c3"))
-    slots = engine.stats().kv_slots_used
+    slots = engine.stats().kv_slots_filled
     engine.cancel("c3")  # the longest row: its leaving frees columns too
     step(engine)
     final = events.final("c3")
@@ -62,10 +63,12 @@ def test_cancel_leaves_within_one_step(gpt2: PreTrainedModel) -> None:
     assert events.tokens("c3") == reference(gpt2, running[3].prompt, made)
     after = engine.stats()
     assert after.running == 3
-    assert after.kv_slots_used < slots
+    assert after.kv_slots_filled < slots
     # Exactly rows x the longest cache left (prompt + tokens fed back): the padding columns were cut.
     cached = [len(r.prompt) + len(events.tokens(r.request_id)) - 1 for r in running[:3]]
-    assert after.kv_slots_used == 3 * max(cached)
+    assert after.kv_slots_filled == 3 * max(cached)
+    # What admission counts: the 3 rows left, each at the longest whole generation of the three.
+    assert after.kv_slots_used == 3 * max(len(r.prompt) + r.max_new for r in running[:3])
     engine.cancel("c3")  # again, after it left: harmless
     while step(engine):
         pass
@@ -176,6 +179,30 @@ def test_kv_slots_never_exceed_the_budget(gpt2: PreTrainedModel) -> None:
     assert_greedy_parity(gpt2, events, flat(plan))
 
 
+@pytest.mark.parametrize("speculates", [False, True], ids=["plain", "speculative"])
+def test_the_memory_held_never_exceeds_the_budget(gpt2: PreTrainedModel, speculates: bool) -> None:
+    """A budget that is no multiple of the buffers' steps (1,120 slots once peaked at 2,048 allocated: rows
+    and columns grew with room to spare past it). Every step checks allocated <= budget (``step``)."""
+    spec = SpeculativeConfig(method="ngram", tokens=3, ngram_min=1) if speculates else None
+    limits = GenerationConfig(max_running=8, kv_cache_tokens=1120, prefill_chunk_tokens=64, speculative=spec)
+    proposer = NgramProposer(3, 4, 1) if speculates else None
+    engine = Engine(gpt2, (), limits, proposer=proposer)
+    events = Events()
+    lengths = [(40, 60), (7, 90), (100, 20), (3, 130), (60, 40), (12, 75), (90, 50), (25, 25)]
+    plan = {i: [Req(f"m{i}", prompt(n, seed=650 + i), new)] for i, (n, new) in enumerate(lengths)}
+    peak = 0
+    i = 0
+    while True:
+        submit(engine, events, plan.get(i, []))
+        busy = step(engine)
+        peak = max(peak, engine.stats().kv_slots_allocated)
+        i += 1
+        if not busy and i > max(plan):
+            break
+    assert 1120 // 2 < peak <= 1120
+    assert_greedy_parity(gpt2, events, flat(plan))
+
+
 # ---- 7. chunked prefill ----
 
 
@@ -230,7 +257,9 @@ def test_a_failing_decode_fails_only_its_requests(gpt2: PreTrainedModel) -> None
         assert final.error == "RuntimeError: boom in decode"
         assert events.tokens(r.request_id) == reference(gpt2, r.prompt, 2)  # what came before stays
     stats = engine.stats()
-    assert (stats.running, stats.waiting, stats.kv_slots_used) == (0, 1, 0)
+    # The batch's reservations are gone; the prompt still prefilling keeps its own.
+    reserved = len(prefilling.prompt) + prefilling.max_new
+    assert (stats.running, stats.waiting, stats.kv_slots_used, stats.kv_slots_filled) == (0, 1, reserved, 0)
     after = Req("after", prompt(9, seed=803), 6)
     submit(engine, events, [after])
     while step(engine):
@@ -248,25 +277,36 @@ class FailingPrefill(ModelProbe):
         self.nan = nan
 
     def run(self, prefill: bool, **kwargs: Any) -> Any:
-        poisoned = prefill and int(kwargs["input_ids"][0, 0]) == self.poison
+        ids = kwargs["input_ids"][0]
+        bounds = kwargs.get("prompt_bounds")
+        starts = bounds[:-1] if bounds else (0,)
+        # Which of the pass's prompts (a pack has several, each with its own logits row) are poisoned.
+        poisoned = [i for i, at in enumerate(starts) if prefill and int(ids[at]) == self.poison]
         if poisoned and not self.nan:
             raise RuntimeError("boom in prefill")
         out = self.model(**kwargs)
-        if poisoned:
-            out.logits.fill_(float("nan"))
+        for i in poisoned:  # NaN in that prompt's own numbers only, as attention per prompt keeps them
+            out.logits[0, i if len(starts) > 1 else -1].fill_(float("nan"))
         return out
 
 
 @pytest.mark.parametrize("packs", [False, True], ids=["alone", "packed"])
-@pytest.mark.parametrize("nan", [False, True], ids=["raises", "nan-logits"])
-def test_a_failing_prefill_fails_only_its_prompt(gpt2: PreTrainedModel, nan: bool, packs: bool) -> None:
+@pytest.mark.parametrize(
+    ("nan", "sampling"),
+    [(False, SAMPLED), (True, SAMPLED), (True, GREEDY)],
+    ids=["raises", "nan-logits-sampled", "nan-logits-greedy"],
+)
+def test_a_failing_prefill_fails_only_its_prompt(
+    gpt2: PreTrainedModel, nan: bool, sampling: Sampling, packs: bool
+) -> None:
     """The prompt in the failing pass gets its error; the running batch and the prompts behind go on. Packed
-    with the prompt behind it, the failing pass is retried prompt by prompt: only the bad one fails."""
+    with the prompt behind it, the failing pass is retried prompt by prompt: only the bad one fails. NaN
+    logits are an error too, greedy or sampled (argmax would pick a NaN's index as a token)."""
     flaky = FailingPrefill(grouped_copy(gpt2) if packs else gpt2, poison=VOCAB - 1, nan=nan)
     engine = Engine(flaky, (), GenerationConfig(max_running=4, prefill_chunk_tokens=64))  # type: ignore[arg-type]
     events = Events()
     running = Req("running", prompt(5, seed=810), 8)
-    bad = Req("bad", [VOCAB - 1, *prompt(9, seed=811)], 4, Sampling(0.8, 1.0, seed=1))
+    bad = Req("bad", [VOCAB - 1, *prompt(9, seed=811)], 4, sampling)
     behind = Req("behind", prompt(6, seed=812), 5)
     submit(engine, events, [running])
     step(engine)

@@ -94,11 +94,11 @@ def test_step_inputs_and_a_decode_step() -> None:
     assert _positions(batch, 1).tolist() == [[1, 2, 3, 7, 0, 0], [101, 102, 103, 104, 105, 7]]
 
 
-def test_an_update_of_more_than_one_token_is_refused() -> None:
+def test_an_update_of_other_than_the_asked_tokens_is_refused() -> None:
     batch = _batch([2])
     batch.step_inputs()
     assert batch.cache is not None
-    with pytest.raises(RuntimeError, match="one new token per row"):
+    with pytest.raises(RuntimeError, match="the tokens step_inputs was asked for"):
         batch.cache.update(torch.zeros(1, HEADS, 2, DIM), torch.zeros(1, HEADS, 2, DIM), 0)
 
 
