@@ -34,8 +34,22 @@ GENERATION_METRICS: dict[str, str] = {
     "ray_generate_preemptions": COUNTER,  # admission reserves the whole generation: stays 0
     "ray_generate_running_sequences": GAUGE,  # rows of the decode batch
     "ray_generate_waiting_sequences": GAUGE,  # queued or prefilling
-    "ray_generate_kv_cache_blocks_used": GAUGE,  # blocks of 16 token slots held by the batch
+    # Blocks of 16 token slots reserved by the admitted requests (each one's whole generation, prompt +
+    # max_tokens, rows padded to the longest, plus speculative tokens): what admission checks.
+    "ray_generate_kv_cache_blocks_used": GAUGE,
     "ray_generate_kv_cache_blocks_free": GAUGE,  # blocks left of kv_cache_tokens
+    # Prefix caching (generation.prefix_cache_tokens, on by default; reported only while it is on): blocks
+    # of generation.prefix_block_tokens held / left of its own budget; hit rate = hit / prompt tokens.
+    "ray_generate_prefix_cache_blocks_used": GAUGE,
+    "ray_generate_prefix_cache_blocks_free": GAUGE,
+    "ray_generate_prefix_cache_hit_tokens": COUNTER,  # prompt tokens served from the cache, not prefilled
+    "ray_generate_prefix_cache_prompt_tokens": COUNTER,  # prompt tokens looked up in the cache
+    # Speculative decoding (only when generation.speculative is configured): acceptance rate = accepted /
+    # proposed; tokens per model pass = spec_tokens / spec_checks.
+    "ray_generate_spec_proposed_tokens": COUNTER,  # tokens proposed and checked
+    "ray_generate_spec_accepted_tokens": COUNTER,  # proposed tokens the model kept
+    "ray_generate_spec_checks": COUNTER,  # rows checked: one per row per speculative step
+    "ray_generate_spec_tokens": COUNTER,  # tokens the checks gave: accepted plus the model's own
 }
 GENERATION_TAGS: dict[str, frozenset[str]] = {
     name: frozenset({"model", "finish"} if name == "ray_generate_requests" else {"model"})

@@ -48,6 +48,9 @@ def test_generation_row_holds_every_generation_panel() -> None:
         "Preemptions/s and cancelled/s",
         "Decode batch size",
         "Cancel lag p99",
+        "Prefix cache hit rate",
+        "Prefix cache blocks",
+        "Speculative acceptance",
     }, sorted(titles)
     # Every generation metric in the row (a histogram by its buckets: quantiles).
     plotted = set().union(*(metric_names(t["expr"]) for p in generation for t in p["targets"]))
@@ -73,17 +76,79 @@ def test_generation_latency_panels_show_p50_and_p99() -> None:
         assert by_title[title]["fieldConfig"]["defaults"]["unit"] == "ms", title
 
 
+# The ratios the generation row plots, numerator over denominator (each a rate of the counter's _total),
+# and the unit each is shown in.
+GENERATION_RATIOS = {
+    ("Prefix cache hit rate", "A"): (
+        "ray_generate_prefix_cache_hit_tokens_total",
+        "ray_generate_prefix_cache_prompt_tokens_total",
+        "percentunit",
+    ),
+    ("Speculative acceptance", "A"): (
+        "ray_generate_spec_accepted_tokens_total",
+        "ray_generate_spec_proposed_tokens_total",
+        "percentunit",
+    ),
+    ("Speculative acceptance", "B"): (
+        "ray_generate_spec_tokens_total",
+        "ray_generate_spec_checks_total",
+        "short",
+    ),
+}
+
+
+def _unit(panel: dict[str, Any], ref: str) -> str:
+    """A target's unit: the panel's, or a byFrameRefID override's."""
+    unit = panel["fieldConfig"]["defaults"]["unit"]
+    for override in panel["fieldConfig"].get("overrides", []):
+        if override["matcher"] == {"id": "byFrameRefID", "options": ref}:
+            unit = next((p["value"] for p in override["properties"] if p["id"] == "unit"), unit)
+    return unit
+
+
+def test_generation_ratio_panels_divide_the_right_rates() -> None:
+    by_title = {panel["title"]: panel for panel in _rows()["Generation"]}
+    for (title, ref), (numerator, denominator, unit) in GENERATION_RATIOS.items():
+        panel = by_title[title]
+        (expr,) = [t["expr"] for t in panel["targets"] if t["refId"] == ref]
+        top, bottom = expr.split(" / ")
+        for part, name in ((top, numerator), (bottom, denominator)):
+            assert metric_names(part) == {name}, (title, ref, part)
+            assert re.fullmatch(
+                rf'sum by \(application, model\) \(rate\({name}\{{application=~"\$model"\}}'
+                r"\[\$__rate_interval\]\)\)",
+                part.strip(),
+            ), (title, ref, part)
+        assert _unit(panel, ref) == unit, (title, ref)
+        # The ratio's name and both metrics are in the description (without the _total Prometheus adds).
+        for name in (numerator, denominator):
+            assert name.removesuffix("_total") in panel["description"], (title, name)
+
+
+def test_prefix_cache_blocks_are_per_replica() -> None:
+    panel = {p["title"]: p for p in _rows()["Generation"]}["Prefix cache blocks"]
+    exprs = sorted(t["expr"] for t in panel["targets"])
+    assert exprs == [
+        f'sum by (application, replica) (ray_generate_prefix_cache_blocks_{kind}{{application=~"$model"}})'
+        for kind in ("free", "used")
+    ], exprs
+    assert all("{{replica}}" in t["legendFormat"] for t in panel["targets"])
+
+
 def _finish_reasons() -> set[str]:
-    """The values of the engine's ``Finish`` literal (deployments/runtime/generate/engine.py), without
-    importing torch."""
-    engine = ROOT / "deployments" / "runtime" / "generate" / "engine.py"
-    tree = ast.parse(engine.read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["Finish"]:
-            assert isinstance(node.value, ast.Subscript), ast.unparse(node.value)  # Literal[...]
-            values = ast.literal_eval(node.value.slice)
-            return set(values) if isinstance(values, tuple) else {values}
-    raise AssertionError("no Finish = Literal[...] in engine.py")
+    """The values of the engine's ``Finish`` literal (deployments/runtime/generate/sequence.py, which
+    engine.py exports it from), without importing torch."""
+    package = ROOT / "deployments" / "runtime" / "generate"
+    for module in ("sequence.py", "engine.py"):
+        if not (package / module).exists():
+            continue
+        tree = ast.parse((package / module).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["Finish"]:
+                assert isinstance(node.value, ast.Subscript), ast.unparse(node.value)  # Literal[...]
+                values = ast.literal_eval(node.value.slice)
+                return set(values) if isinstance(values, tuple) else {values}
+    raise AssertionError("no Finish = Literal[...] in deployments/runtime/generate/sequence.py or engine.py")
 
 
 def test_dashboard_and_alerts_filter_finish_by_reasons_the_engine_gives() -> None:
