@@ -1,9 +1,10 @@
 """``python -m bench.generate``: the generation benchmark — the design's rows in process, then the same
-streamed chat-completion traffic to this service, ``transformers serve`` and a naive endpoint, one after
-the other, in one run. See bench/README.md ("Generation").
+streamed chat-completion workloads (``bench.generate_workloads``) to this service, vLLM's CPU build,
+``transformers serve`` and a naive endpoint, one after the other, in one run; the service also on a
+speculative pair without and with its draft model. See bench/README.md ("Generation").
 
-    .venv/bin/python -m bench.generate --out .bench/generate --doc docs/benchmarks.md
-    .venv/bin/python -m bench.generate --quick --systems naive,transformers-serve --model-dir DIR
+    .venv/bin/python -m bench.generate --rounds 3 --out .bench/generate-rounds --doc docs/benchmarks.md
+    .venv/bin/python -m bench.generate --quick --systems service,vllm --out .bench/generate-quick
 """
 
 from __future__ import annotations
@@ -19,17 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench import generate_load as load
+from bench import generate_judge as judge
 from bench import generate_report as report
 from bench import generate_rounds as rounds
+from bench import generate_spec as spec
 from bench import generate_stats as stats
 from bench import generate_systems as systems
+from bench import generate_workloads as wl
 from bench import machine
+from bench.generate_cli import _floats, _systems, _workloads, apply_defaults, estimate_s, plan, workloads_of
 from bench.generate_measure import (
     CHECK_MAX_TOKENS,
-    CHECK_PROMPTS,
     WHAT,
-    build_prompts,
+    make_workloads,
     measure_system,
     reference_texts,
     start,
@@ -38,123 +41,13 @@ from bench.service import ROOT
 
 WORK_DIR = ROOT / ".bench"
 DEFAULT_MODEL_DIRS = tuple(WORK_DIR / "models" / name / "1" for name in ("bench-gpt2-small", "gpt2-small"))
-DEFAULT_CONFIG = ROOT / "examples" / "generate.yaml"
-
-
-def _floats(text: str) -> list[float]:
-    values = [float(v) for v in text.split(",") if v.strip()]
-    if not values or any(v <= 0 for v in values):
-        raise argparse.ArgumentTypeError(f"expected positive numbers like 1,8,32, got {text!r}")
-    return values
-
-
-def _systems(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    unknown = sorted(set(names) - set(systems.SYSTEMS))
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(
-            f"unknown systems {unknown}; choose from {', '.join(systems.SYSTEMS)}"
-        )
-    return names
+__all__ = ["_floats", "_systems", "_workloads", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.generate", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--systems",
-        type=_systems,
-        default=list(systems.SYSTEMS),
-        help="comma-separated, in this order (default service,transformers-serve,naive)",
-    )
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="the service's Serve config")
-    p.add_argument(
-        "--service-model",
-        default=None,
-        help="the model name the service serves (default: the name in the model dir's manifest); a config "
-        "without it gets its generate application retargeted to the model dir (written to --out)",
-    )
-    p.add_argument(
-        "--service-env",
-        action="append",
-        default=[],
-        metavar="KEY=VAL",
-        help="environment for the service's Ray processes (repeatable)",
-    )
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs the private Ray instance advertises")
-    p.add_argument(
-        "--precision",
-        choices=["fp32", "bf16"],
-        default="fp32",
-        help="every system's weights and compute: the service's model config, transformers serve's --dtype, "
-        "the naive endpoint's, the reference and the design rows (default fp32)",
-    )
-    p.add_argument(
-        "--model-dir",
-        type=Path,
-        default=None,
-        help="the model for every system (default .bench/models/bench-gpt2-small/1 or gpt2-small/1, "
-        "built on first use)",
-    )
-    p.add_argument("--serving-venv", type=Path, default=WORK_DIR / "serving-venv")
-    p.add_argument(
-        "--ts-flags",
-        default="--log-level error",
-        help="extra flags for transformers serve (default: '--log-level error')",
-    )
-    p.add_argument(
-        "--concurrency",
-        type=lambda t: [int(v) for v in _floats(t)],
-        default=None,
-        help="closed-loop clients per point (default 1,8,32; --quick 1,8)",
-    )
-    p.add_argument(
-        "--open-loop-rates",
-        type=_floats,
-        default=None,
-        help="offered req/s of the open-loop points (default 0.5,1,2; --quick 1)",
-    )
-    p.add_argument("--no-open-loop", action="store_true")
-    p.add_argument(
-        "--warmup", type=float, default=None, help="seconds of warm-up per point (default 10; --quick 2)"
-    )
-    p.add_argument(
-        "--duration", type=float, default=None, help="seconds measured per point (default 60; --quick 8)"
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="start and measure the service and transformers serve this many times, the order alternating "
-        "(the naive endpoint once); each ratio is judged on its median over the rounds (default 1)",
-    )
-    p.add_argument("--quick", action="store_true", help="smoke run: 2 s warm-up, 8 s per point, fewer points")
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--prompts", type=int, default=256, help="size of the prompt mix (default 256)")
-    p.add_argument("--max-tokens", default="32,128", help="range of max_tokens per request (default 32,128)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-design-rows", action="store_true", help="skip the in-process rows")
-    p.add_argument(
-        "--design-rows-into",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="measure the design rows alone into the earlier run in DIR (its results.json), say so in its "
-        "report, and write its table.md, plot and --doc again: for rows that other load disturbed",
-    )
-    p.add_argument("--new-tokens", type=int, default=100, help="new tokens per request in the design rows")
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=WORK_DIR / "generate",
-        help="directory for results.json, table.md, plot.png (default .bench/generate)",
-    )
-    p.add_argument(
-        "--doc",
-        type=Path,
-        default=None,
-        help="also put the report between the bench-generate markers of this markdown file",
-    )
-    return p
+    from bench.generate_cli import build_parser as parser
+
+    return parser(__doc__ or "")
 
 
 def ensure_model(model_dir: Path | None, log: Callable[[str], None]) -> Path:
@@ -214,13 +107,13 @@ def _run_system(
     ns: argparse.Namespace,
     run: stats.GenReport,
     entries: dict[str, stats.SystemRun],
-    prompts: list[load.Prompt],
-    refs: list[str],
+    pools: dict[str, wl.Workload],
+    refs: dict[str, list[str]],
     log_dir: Path,
     log: Callable[[str], None],
 ) -> list[stats.GenPoint]:
-    """Start one system, measure every point, stop it: its points, marked with the round. A failure is
-    reported in its entry (one per system; a later round adds to its note) and the run goes on."""
+    """Start one system, measure its workloads' points, stop it: its points, marked with the round. A
+    failure is reported in its entry (one per system; a later round adds to its note) and the run goes on."""
     entry = entries.get(name)
     if entry is None:
         what = WHAT[name].format(
@@ -231,10 +124,18 @@ def _run_system(
         )
         entry = entries[name] = stats.SystemRun(name, what)
         run.systems.append(entry)
+    chosen = [pools[w] for w in workloads_of(name, ns.workloads) if w in pools]
     where = f"round {round_no}: " if ns.rounds > 1 else ""
+    model_dir = ns.spec_target_dir if name in (spec.SPEC_OFF, spec.SPEC_ON) else ns.model_dir
+    key = str(model_dir)
     log(f"{name}: starting ...")
-    machine.wait_quiet(0.3, ns.quiet_wait)
     try:
+        if name in (spec.SPEC_OFF, spec.SPEC_ON) and ns.spec_unavailable:
+            raise systems.Unavailable(ns.spec_unavailable)
+        if key not in refs:  # before the start: the reference's model load is not the server's load
+            check = [replace(p, max_tokens=CHECK_MAX_TOKENS) for p in chosen[0].check]
+            refs[key] = reference_texts(model_dir, check, ns.precision)
+        machine.wait_quiet(0.3, ns.quiet_wait)
         running = start(name, ns, log_dir, entry)
     except Exception as exc:  # reported; the run goes on with the next system
         note = f"{where}did not start: {type(exc).__name__}: {exc}"[:600]
@@ -244,7 +145,8 @@ def _run_system(
     entry.start_s = entry.start_s if entry.start_s is not None else round(running.start_s, 1)
     log(f"  up in {running.start_s:.0f} s at {running.base_url} (log {running.log})")
     try:
-        points, note = measure_system(running, prompts, ns, refs, log)
+        full = round_no == 1 or ns.full_rounds
+        points, note = measure_system(running, chosen, ns, refs[key], log, full)
         entry.ran = True
     except Exception as exc:  # reported; the next system still runs
         points, note = [], f"failed: {type(exc).__name__}: {exc}"[:600]
@@ -294,16 +196,7 @@ def redo_design_rows(ns: argparse.Namespace, log: Callable[[str], None]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    ns = build_parser().parse_args(argv)
-    ns.warmup = ns.warmup if ns.warmup is not None else (2.0 if ns.quick else 10.0)
-    ns.duration = ns.duration if ns.duration is not None else (8.0 if ns.quick else 60.0)
-    ns.concurrency = ns.concurrency or ([1, 8] if ns.quick else [1, 8, 32])
-    ns.open_loop_rates = (
-        [] if ns.no_open_loop else (ns.open_loop_rates or ([1.0] if ns.quick else [0.5, 1.0, 2.0]))
-    )
-    ns.quiet_wait = 5.0 if ns.quick else 30.0
-    lo, _, hi = ns.max_tokens.partition(",")
-    budget = (int(lo), int(hi or lo))
+    ns = apply_defaults(build_parser().parse_args(argv))
 
     def log(text: str) -> None:
         print(text, flush=True)
@@ -315,7 +208,17 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = WORK_DIR / "logs" / "generate"
     ns.model_dir = ensure_model(ns.model_dir, log)
     ns.service_model = ns.service_model or model_name(ns.model_dir)
-    prompts, prompt_info = build_prompts(ns.model_dir, ns.prompts, ns.seed, budget)
+    ns.spec_unavailable = ""
+    if wl.SPECULATIVE in ns.workloads and systems.SERVICE in ns.systems:
+        default_pair = ns.spec_target_dir == build_parser().get_default("spec_target_dir")
+        if default_pair:
+            ns.spec_target_dir, ns.spec_unavailable = spec.ensure_pair(ns.spec_target_dir.parent.parent, log)
+        elif not (ns.spec_target_dir / "config.json").is_file():
+            ns.spec_unavailable = f"no model in {ns.spec_target_dir}"
+    ns.spec_model = (
+        model_name(ns.spec_target_dir) if (ns.spec_target_dir / "config.json").is_file() else spec.TARGET
+    )
+    pools = make_workloads(ns)
     options = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(ns).items()}
     options.update(warmup_s=ns.warmup, duration_s=ns.duration)
     run = stats.GenReport(
@@ -323,26 +226,27 @@ def main(argv: list[str] | None = None) -> int:
         machine=machine.machine_info(root=ROOT),
         options=options,
         model=describe_model(ns.model_dir, ns.precision),
-        prompts=prompt_info,
+        prompts={name: w.info for name, w in pools.items()},
         started_at=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
-    log(f"prompts: {prompt_info}")
+    for name, w in pools.items():
+        log(f"{name} prompts: {w.info}")
+    steps = plan(ns)
+    log(f"plan: {len(steps)} starts, about {estimate_s(ns) / 60:.0f} minutes")
     if not ns.no_design_rows:
         from bench.generate_inprocess import design_rows_apart
 
         log("design rows (in process, a child process of their own):")
         run.design_rows = design_rows_apart(ns.model_dir, ns.new_tokens, precision=ns.precision)
-    refs = reference_texts(
-        ns.model_dir, [load.Prompt(p.text, CHECK_MAX_TOKENS) for p in prompts[:CHECK_PROMPTS]], ns.precision
-    )
     entries: dict[str, stats.SystemRun] = {}
-    for round_no in range(1, ns.rounds + 1):
-        if ns.rounds > 1:
+    refs: dict[str, list[str]] = {}
+    for round_no, name in steps:
+        if ns.rounds > 1 and all(n != round_no for n, _ in steps[: steps.index((round_no, name))]):
             log(f"round {round_no} of {ns.rounds}")
-        for name in rounds.systems_in_round(ns.systems, round_no, once=[systems.NAIVE]):
-            run.points += _run_system(name, round_no, ns, run, entries, prompts, refs, log_dir, log)
-    run.ratios = stats.design_ratios(run.design_rows) + rounds.ratios_over_rounds(
-        run.points, ns.rounds, systems.SERVICE, systems.TRANSFORMERS_SERVE, systems.NAIVE
+        run.points += _run_system(name, round_no, ns, run, entries, pools, refs, log_dir, log)
+        run.save(ns.out / "results.json")  # a run cut short keeps what it measured
+    run.ratios = stats.design_ratios(run.design_rows) + judge.ratios_over_rounds(
+        run.points, ns.rounds, systems.SERVICE, systems.VLLM, systems.TRANSFORMERS_SERVE, systems.NAIVE
     )
     run.finished_at = time.strftime("%Y-%m-%d %H:%M:%S")
     _write(run, ns.out, ns.doc, log)

@@ -30,6 +30,7 @@ class Prompt:
     text: str
     max_tokens: int
     prompt_tokens: int | None = None  # by the model's tokenizer, without the chat template
+    system: str | None = None  # a system message before the user's (the shared-prefix workload)
 
 
 def prompt_mix(
@@ -63,10 +64,18 @@ def prompt_mix(
     return out
 
 
+def messages(prompt: Prompt) -> list[dict[str, str]]:
+    """The chat messages of a prompt: its ``system`` text (if any) as a system message, then the user's."""
+    out = [{"role": "user", "content": prompt.text}]
+    if prompt.system is not None:
+        out.insert(0, {"role": "system", "content": prompt.system})
+    return out
+
+
 def chat_body(prompt: Prompt, model: str | None, stream: bool = True) -> bytes:
     """The request body; ``model`` None leaves the field out (a server pinned to one model)."""
     body: dict[str, object] = {
-        "messages": [{"role": "user", "content": prompt.text}],
+        "messages": messages(prompt),
         "max_tokens": prompt.max_tokens,
         "temperature": 0,
         "stream": stream,
@@ -156,6 +165,15 @@ class StreamRecord:
     @property
     def ttft(self) -> float | None:
         return None if self.first is None else self.first - self.sent
+
+    def tokens_in(self, lo: float, hi: float) -> float:
+        """The tokens streamed inside ``[lo, hi]``: ``tokens`` spread evenly from the first to the last
+        content chunk (a stream cut at a window's end: its content chunks); one chunk: where it fell."""
+        if self.first is None or self.last is None:
+            return 0.0
+        if self.last <= self.first:
+            return float(self.tokens) if lo <= self.first <= hi else 0.0
+        return self.tokens * max(0.0, min(hi, self.last) - max(lo, self.first)) / (self.last - self.first)
 
     @property
     def itl(self) -> float | None:
@@ -254,13 +272,18 @@ async def open_loop(
     duration_s: float,
     timeout_s: float,
     seed: int,
+    offset: int | None = None,
 ) -> OpenLoopResult:
     """Poisson arrivals at ``rate`` req/s (``bench.openloop``'s schedule and driver); each arrival's
     record has ``sent`` moved back to its scheduled time, so TTFT counts any lateness of the client.
-    Answers still out ``drain`` seconds after the last arrival are cancelled (unfinished)."""
+    Answers still out ``drain`` seconds after the last arrival are cancelled (unfinished). The bodies
+    are drawn at random (seeded), or with ``offset`` in turn from there (each once, while they last)."""
     span = warmup_s + duration_s
     schedule = poisson_schedule(rate, span, seed + int(rate * 1000))
-    picks = pick_bodies(len(schedule), len(bodies), seed + int(rate * 1000))
+    if offset is None:
+        picks = pick_bodies(len(schedule), len(bodies), seed + int(rate * 1000))
+    else:
+        picks = [(offset + i) % len(bodies) for i in range(len(schedule))]
     records = [StreamRecord(sent=0.0, prompt=picks[i]) for i in range(len(schedule))]
     drain = min(timeout_s, max(5.0, duration_s))
     cpu0 = time.process_time()

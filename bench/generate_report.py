@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.generate_judge import headline
 from bench.generate_stats import CLOSED, OPEN, DesignRow, GenPoint, GenRatio, GenReport, SystemRun
 from bench.plot import save_figure
 from bench.report import splice_between
@@ -58,16 +59,17 @@ def _system(p: GenPoint) -> str:
 
 def closed_table(points: Sequence[GenPoint]) -> str:
     lines = [
-        "| system | concurrency | output tokens/s | req/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
-        "| ITL p99 ms | gap p99 ms | requests | errors | prompt / output tokens | client CPU | other load |",
-        "|" + "---|" * 14,
+        "| workload | system | concurrency | output tokens/s | req/s | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms | gap p99 ms | requests | errors | prompt / output tokens | client CPU "
+        "| other load |",
+        "|" + "---|" * 15,
     ]
     for p in points:
         if p.mode != CLOSED:
             continue
         tokens = f"{_n(p.mean_prompt_tokens, 0)} / {_n(p.mean_output_tokens, 0)}"
         lines.append(
-            f"| {_system(p)} | {p.level:g} | {_n(p.tokens_per_s)} | {_n(p.req_per_s, 2)} "
+            f"| {p.workload} | {_system(p)} | {p.level:g} | {_n(p.tokens_per_s)} | {_n(p.req_per_s, 2)} "
             f"| {_n(p.ttft_p50_ms)} | {_n(p.ttft_p99_ms)} | {_n(p.itl_p50_ms)} | {_n(p.itl_p99_ms)} "
             f"| {_n(p.gap_p99_ms)} "
             f"| {p.requests} | {p.errors} | {tokens} | {_pct(p.client_cpu)} | {_pct(p.other_load)} |"
@@ -77,9 +79,9 @@ def closed_table(points: Sequence[GenPoint]) -> str:
 
 def open_table(points: Sequence[GenPoint]) -> str:
     lines = [
-        "| system | offered req/s | drawn req/s | answered req/s | output tokens/s | TTFT p50 ms "
-        "| TTFT p99 ms | ITL p99 ms | failed (unfinished) | late | peak in flight | sustained |",
-        "|" + "---|" * 12,
+        "| workload | system | offered req/s | drawn req/s | answered req/s | output tokens/s | TTFT p50 ms "
+        "| TTFT p99 ms | ITL p50 ms | ITL p99 ms | failed (unfinished) | late | peak in flight | sustained |",
+        "|" + "---|" * 14,
     ]
     for p in points:
         if p.mode != OPEN:
@@ -87,8 +89,9 @@ def open_table(points: Sequence[GenPoint]) -> str:
         e = p.extra
         verdict = "yes" if e.get("sustained") else f"**no**: {_cell(str(e.get('why', '')))}"
         lines.append(
-            f"| {_system(p)} | {p.level:g} | {e.get('drawn_req_per_s', '-')} | {_n(p.req_per_s, 2)} "
-            f"| {_n(p.tokens_per_s)} | {_n(p.ttft_p50_ms)} | {_n(p.ttft_p99_ms)} | {_n(p.itl_p99_ms)} "
+            f"| {p.workload} | {_system(p)} | {p.level:g} | {e.get('drawn_req_per_s', '-')} "
+            f"| {_n(p.req_per_s, 2)} | {_n(p.tokens_per_s)} | {_n(p.ttft_p50_ms)} | {_n(p.ttft_p99_ms)} "
+            f"| {_n(p.itl_p50_ms)} | {_n(p.itl_p99_ms)} "
             f"| {p.errors} ({e.get('unfinished', 0)}) | {e.get('late', 0)} | {e.get('peak_in_flight', 0)} "
             f"| {verdict} |"
         )
@@ -109,16 +112,80 @@ def _errors_note(points: Sequence[GenPoint]) -> list[str]:
     for p in points:
         if p.error_examples:
             unit = "c=" if p.mode == CLOSED else "req/s="
-            out.append(f"- {_system(p)} {p.mode} {unit}{p.level:g}: " + "; ".join(p.error_examples[:3]))
+            out.append(
+                f"- {p.workload} {_system(p)} {p.mode} {unit}{p.level:g}: " + "; ".join(p.error_examples[:3])
+            )
         if p.usage_missing:
-            out.append(f"- {_system(p)} {p.mode} {p.level:g}: {p.usage_missing} answers had no usage")
+            out.append(
+                f"- {p.workload} {_system(p)} {p.mode} {p.level:g}: {p.usage_missing} answers had no usage"
+            )
+        if p.extra.get("repeated_prompts"):
+            out.append(
+                f"- {p.workload} {_system(p)} {p.mode} {p.level:g}: the pool ran out, "
+                f"{p.extra['repeated_prompts']} prompts sent again in this start (raise --prompts)"
+            )
     return ["Errors and notes:", "", *out, ""] if out else []
+
+
+def traffic(prompts: dict, options: dict) -> str:
+    """The workloads in words (a run before the workloads: its one prompt mix)."""
+    timing = (
+        f"closed loop {options.get('warmup_s')} s warm-up + {options.get('duration_s')} s per point; "
+        "open loop: Poisson arrivals, same warm-up and window"
+    )
+    if "count" in prompts:  # one prompt mix (earlier runs)
+        return (
+            f"Traffic: {prompts.get('count')} prompts of 1-3 corpus texts ({prompts.get('tokens_min')}-"
+            f"{prompts.get('tokens_max')} tokens), `max_tokens` {prompts.get('max_tokens_min')}-"
+            f"{prompts.get('max_tokens_max')}; {timing}."
+        )
+    what = {
+        "unique": "each request its own prompt of corpus text, no shared prefix",
+        "shared-prefix": "one shared system prompt, then a distinct user turn per request",
+        "speculative": "the speculative pair's prompts; the service without and with its draft model",
+    }
+    parts = []
+    for name, info in prompts.items():
+        words = f"{info.get('words_min')}-{info.get('words_max')} words"
+        tokens = f", {info.get('tokens_min')}-{info.get('tokens_max')} tokens" if "tokens_min" in info else ""
+        system = (
+            f" after a system prompt of {info.get('system_words')} words "
+            f"({info.get('system_tokens', '?')} tokens)"
+            if "system_words" in info
+            else ""
+        )
+        source = f"; from {info['source']}" if "source" in info else ""
+        parts.append(
+            f"`{name}`: {what.get(name, name)}: {info.get('count')} prompts of {words}{tokens}{system}, "
+            f"`max_tokens` {info.get('max_tokens')}{source}"
+        )
+    return (
+        "Workloads (streamed `/v1/chat/completions`, `stream_options.include_usage`, `temperature: 0`, "
+        "no `ignore_eos`: random-weight models rarely end early, and output tokens/s counts "
+        "`completion_tokens`; each start of a system takes the prompts in turn, each once): "
+        + "; ".join(parts)
+        + f". {timing}."
+    )
+
+
+def spec_lines(points: Sequence[GenPoint]) -> list[str]:
+    """The acceptance the service's metrics showed in the speculative runs (nothing where none did)."""
+    rows = [p for p in points if p.extra.get("spec_metrics")]
+    if not rows:
+        return []
+    lines = ["| system | concurrency | acceptance | ray_generate_spec_* deltas |", "|---|---|---|---|"]
+    for p in rows:
+        deltas = ", ".join(
+            f"{k[len('ray_generate_spec_') :]} {v:g}" for k, v in p.extra["spec_metrics"].items()
+        )
+        lines.append(f"| {_system(p)} | {p.level:g} | {_n(p.extra.get('acceptance'), 3)} | {_cell(deltas)} |")
+    return lines
 
 
 def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2) -> str:
     h = "#" * level
-    m, o, pr = report.machine, report.options, report.prompts
-    ordered = sorted(report.points, key=lambda p: (p.system, p.level, p.round))
+    m, o = report.machine, report.options
+    ordered = sorted(report.points, key=lambda p: (p.workload, p.system, p.level, p.round))
     closed = [p for p in ordered if p.mode == CLOSED]
     opened = [p for p in ordered if p.mode == OPEN]
     rounds = int(o.get("rounds") or 1)
@@ -131,44 +198,43 @@ def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2
         "",
         f"Model: {report.model.get('describe', report.model.get('dir', '?'))}.",
         "",
-        f"Traffic: streaming chat completions (`stream: true`, `stream_options.include_usage`), greedy, "
-        f"{pr.get('count')} prompts of 1-3 corpus texts "
-        f"({pr.get('tokens_min')}-{pr.get('tokens_max')} tokens, "
-        f"mean {pr.get('tokens_mean')}, before the chat template), `max_tokens` {pr.get('max_tokens_min')}-"
-        f"{pr.get('max_tokens_max')} (mean {pr.get('max_tokens_mean')}); closed loop {o.get('warmup_s')} s "
-        f"warm-up + {o.get('duration_s')} s per point; open loop: Poisson arrivals, same warm-up and window. "
+        traffic(report.prompts, o),
+        "",
         "TTFT: request sent (open loop: scheduled) to the first content chunk; ITL: first to last content "
         "chunk over completion_tokens - 1, per request; gap: the longest pause between two content chunks "
         "of a request (a stall, e.g. behind another request's prefill). Closed loop: throughput from the "
         "requests that ended inside the window, latencies from those also sent inside it.",
         "",
     ]
-    if report.design_rows:
+    judged = headline(report.ratios)
+    if judged:
         parts += [
-            f"{h} The design's rows (in process, no HTTP)",
+            f"{h} Judged ratios" + (" (medians over rounds)" if rounds > 1 else ""),
             "",
-            design_table(report.design_rows),
+            ratios_table(judged),
             "",
         ]
+    if report.design_rows:
+        parts += [f"{h} The design's rows (in process, no HTTP)", "", design_table(report.design_rows), ""]
         if o.get("design_rows_note"):
             parts += [f"These rows were {o['design_rows_note']}.", ""]
-    parts += [
-        f"{h} Systems",
-        "",
-        systems_table(report.systems),
-        "",
-    ]
+    parts += [f"{h} Systems", "", systems_table(report.systems), ""]
     if closed:
         parts += [f"{h} Closed loop", "", closed_table(closed), ""]
     if opened:
         parts += [f"{h} Open loop", "", open_table(opened), ""]
+    accepted = spec_lines(ordered)
+    if accepted:
+        parts += [f"{h} Speculative decoding: acceptance (the service's metrics)", "", *accepted, ""]
     parts += _errors_note(report.points)
     parts += [f"{h} Ratios (same run)", ""]
     if rounds > 1:
         parts += [
-            f"{rounds} rounds: each compared system was started and measured once per round (the order "
-            "alternating), the naive endpoint in the first round only. First each ratio's median over the "
-            "rounds, judged against its target; then every round's own ratios.",
+            f"{rounds} rounds: the service, its speculative runs and vLLM were started and measured once "
+            "per round (the order alternating), transformers serve and the naive endpoint in the first "
+            "round only (compared with each round's service), as are the open loop and the closed-loop "
+            "levels no judged ratio uses (unless `--full-rounds`). First each ratio's median over the "
+            "rounds, judged against its target; then every round's own judged ratios.",
             "",
         ]
     parts += [ratios_table(report.ratios)]
@@ -184,42 +250,46 @@ def splice_doc(doc: str, generated: str) -> str:
 
 
 def plot(points: Sequence[GenPoint], path: Path, title: str = "") -> Path:
-    """Three panels: output tokens/s and TTFT p99 against concurrency (closed loop), TTFT p50/p99
-    against the offered rate (open loop)."""
+    """One row per workload, three panels: output tokens/s and TTFT p99 against concurrency (closed loop),
+    TTFT p50/p99 against the offered rate (open loop)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    workloads = list(dict.fromkeys(p.workload for p in points))
+    fig, grid = plt.subplots(len(workloads), 3, figsize=(16, 4.5 * len(workloads)), squeeze=False)
     systems = sorted({p.system for p in points})
     colors = {s: plt.get_cmap("tab10")(i % 10) for i, s in enumerate(systems)}
-    for system in systems:
-        closed = sorted((p for p in points if p.system == system and p.mode == CLOSED), key=lambda p: p.level)
-        opened = sorted((p for p in points if p.system == system and p.mode == OPEN), key=lambda p: p.level)
-        c = colors[system]
-        if closed:
-            xs = [p.level for p in closed]
-            axes[0].plot(xs, [p.tokens_per_s for p in closed], "o-", color=c, label=system)
-            ttft = [(p.level, p.ttft_p99_ms) for p in closed if p.ttft_p99_ms is not None]
-            if ttft:
-                axes[1].plot(*zip(*ttft, strict=True), "s--", color=c, label=f"{system} p99")
-        if opened:
+    for axes, workload in zip(grid, workloads, strict=True):
+        mine = [p for p in points if p.workload == workload]
+        for system in systems:
+            closed = sorted(
+                (p for p in mine if p.system == system and p.mode == CLOSED), key=lambda p: p.level
+            )
+            opened = sorted((p for p in mine if p.system == system and p.mode == OPEN), key=lambda p: p.level)
+            c = colors[system]
+            if closed:
+                xs = [p.level for p in closed]
+                axes[0].plot(xs, [p.tokens_per_s for p in closed], "o-", color=c, label=system)
+                ttft = [(p.level, p.ttft_p99_ms) for p in closed if p.ttft_p99_ms is not None]
+                if ttft:
+                    axes[1].plot(*zip(*ttft, strict=True), "s--", color=c, label=f"{system} p99")
             for q, style in (("ttft_p50_ms", "o-"), ("ttft_p99_ms", "s--")):
                 pts = [(p.level, getattr(p, q)) for p in opened if getattr(p, q) is not None]
                 if pts:
                     axes[2].plot(*zip(*pts, strict=True), style, color=c, label=f"{system} {q[5:8]}")
-    axes[0].set(title="closed loop: output tokens/s", xlabel="concurrency", ylabel="output tokens/s")
-    axes[1].set(title="closed loop: TTFT p99", xlabel="concurrency", ylabel="ms")
-    axes[2].set(title="open loop: TTFT p50 / p99", xlabel="offered req/s", ylabel="ms")
-    levels = sorted({p.level for p in points if p.mode == CLOSED})
-    for ax in axes[:2]:
-        ax.set_xscale("log", base=2)
-        if levels:
-            ax.set_xticks(levels, [f"{v:g}" for v in levels])
-            ax.minorticks_off()
-    for ax in axes[1:]:
-        ax.set_yscale("log")
-    for ax in axes:
-        ax.grid(True, which="both", alpha=0.3)
-    return save_figure(fig, list(axes), path, title)
+        axes[0].set(title=f"{workload}: output tokens/s", xlabel="concurrency", ylabel="output tokens/s")
+        axes[1].set(title=f"{workload}: TTFT p99", xlabel="concurrency", ylabel="ms")
+        axes[2].set(title=f"{workload}: open loop TTFT p50 / p99", xlabel="offered req/s", ylabel="ms")
+        levels = sorted({p.level for p in mine if p.mode == CLOSED})
+        for ax in axes[:2]:
+            ax.set_xscale("log", base=2)
+            if levels:
+                ax.set_xticks(levels, [f"{v:g}" for v in levels])
+                ax.minorticks_off()
+        for ax in axes[1:]:
+            ax.set_yscale("log")
+        for ax in axes:
+            ax.grid(True, which="both", alpha=0.3)
+    return save_figure(fig, [ax for row in grid for ax in row], path, title)

@@ -15,7 +15,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from bench.generate_stats import GenPoint, GenRatio, http_ratios
+from bench.generate_judge import http_ratios
+from bench.generate_stats import GenPoint, GenRatio
 from bench.ratios import medians_over_rounds
 
 
@@ -45,20 +46,20 @@ def ratios_over_rounds(
 
 
 def median_points(points: Sequence[GenPoint]) -> list[GenPoint]:
-    """One point per system, mode and level: the median over rounds of its throughput and latencies (for
-    the plot; the tables list every round's own point)."""
-    keys: list[tuple[str, str, float]] = []
+    """One point per workload, system, mode and level: the median over rounds of its throughput and
+    latencies (for the plot; the tables list every round's own point)."""
+    keys: list[tuple[str, str, str, float]] = []
     for p in points:
-        if (p.system, p.mode, p.level) not in keys:
-            keys.append((p.system, p.mode, p.level))
+        if (p.workload, p.system, p.mode, p.level) not in keys:
+            keys.append((p.workload, p.system, p.mode, p.level))
     out = []
     for key in keys:
-        same = [p for p in points if (p.system, p.mode, p.level) == key]
+        same = [p for p in points if (p.workload, p.system, p.mode, p.level) == key]
         if len(same) == 1:
             out.append(same[0])
             continue
         fields = {}
-        for name in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms"):
+        for name in ("tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
             known = [getattr(p, name) for p in same if getattr(p, name) is not None]
             fields[name] = statistics.median(known) if known else None
         out.append(replace(same[0], round=0, **fields))

@@ -1,10 +1,13 @@
 """Figures of ``python -m bench.generate``: points from stream records, the ratios, and the report data.
 
 A closed-loop point counts the requests that ended inside the measured window (as ``bench.loadgen``
-does): output tokens/s is the sum of their ``completion_tokens`` over the window, TTFT and inter-token
-latency (ITL) percentiles are over those requests. Requests cancelled when the window closed are not
-counted either way. An open-loop point counts the arrivals scheduled inside the window: its latencies
-run from the scheduled time; arrivals unanswered at the drain deadline or never sent are failures.
+does) for its requests, req/s and inter-token latency (ITL), and those sent inside it for its TTFT (a
+stream cut at the window's end too, once its first chunk came). Its output tokens/s is the tokens streamed
+inside the window (``StreamRecord.tokens_in``): with a fixed ``max_tokens`` a continuous batch's clients
+start and end together, wave after wave, and the requests that ended in a window of one or two waves swing
+with the phase (``extra["ended_tokens_per_s"]`` keeps that count). An open-loop point counts the arrivals
+scheduled inside the window: its latencies run from the scheduled time; arrivals unanswered at the drain
+deadline or never sent are failures.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ BACKLOG_FACTOR, BACKLOG_SLACK_S = 2.0, 0.5  # last quarter's TTFT p50 over 2x th
 # Answered in the window at least this share of the window's arrivals (less KEEP_UP_SLACK requests): a backlog
 # built in the warm-up can hold the TTFT steady (high) through the window, and only this shows it.
 KEEP_UP, KEEP_UP_SLACK = 0.85, 2
-THROUGHPUT_TARGET, TTFT_TARGET = 1.5, 1.0
 DESIGN = {"no_cache_s": 8.0, "cache_s": 2.0, "batched_s": 3.0}  # the design's 4 x 100 tokens figures
 
 
@@ -54,6 +56,7 @@ class GenPoint:
     extra: dict[str, Any] = field(default_factory=dict)
     error_examples: list[str] = field(default_factory=list)
     round: int = 1  # of a run of several rounds (bench/generate_rounds.py); 0: a median over rounds
+    workload: str = "mix"  # bench/generate_workloads.py ("mix": the single prompt mix of earlier runs)
 
 
 def _ms(values: Sequence[float], q: float) -> float | None:
@@ -65,11 +68,14 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def _latency_fields(
-    good: Sequence[StreamRecord], timed: Sequence[StreamRecord] | None = None
+    good: Sequence[StreamRecord],
+    timed: Sequence[StreamRecord] | None = None,
+    first: Sequence[StreamRecord] | None = None,
 ) -> dict[str, Any]:
-    """Latency percentiles over ``timed`` (default ``good``), token means over ``good``."""
+    """Latency percentiles over ``timed`` (default ``good``; TTFT over ``first`` where given), token means
+    over ``good``."""
     timed = good if timed is None else timed
-    ttft = [r.ttft for r in timed if r.ttft is not None]
+    ttft = [r.ttft for r in (timed if first is None else first) if r.ttft is not None]
     itl = [r.itl for r in timed if r.itl is not None]
     gaps = [r.max_gap for r in timed if r.chunks > 1]
     return {
@@ -110,9 +116,16 @@ def summarize_closed(
     good = [r for r in ended if r.ok]
     bad = [r for r in ended if not r.ok]
     tokens = sum(r.tokens for r in good)
-    # Latency only of requests sent inside the window: the warm-up's first requests all start at once
-    # (every client's first), a burst no later request sees, and they would set the p99.
-    timed = [r for r in good if r.sent >= lo]
+    streamed = sum(r.tokens_in(lo, hi) for r in records if r.ok or r.error == CANCELLED_AT_END)
+    # TTFT only of requests sent inside the window: the warm-up's first requests all start at once (every
+    # client's first), a burst no later request sees, and they would set the p99. Those cut at the window's
+    # end count once their first chunk came (at 32 clients an answer can outlast the window). ITL and gaps:
+    # of the answers that ended in the window.
+    started = [
+        r
+        for r in records
+        if lo <= r.sent < hi and r.first is not None and (r.ok or r.error == CANCELLED_AT_END)
+    ]
     return GenPoint(
         system=system,
         mode=CLOSED,
@@ -121,12 +134,13 @@ def summarize_closed(
         requests=len(good),
         errors=len(bad),
         output_tokens=tokens,
-        tokens_per_s=round(tokens / duration, 2) if duration > 0 else 0.0,
+        tokens_per_s=round(streamed / duration, 2) if duration > 0 else 0.0,
         req_per_s=round(len(good) / duration, 3) if duration > 0 else 0.0,
         client_cpu=None if client_cpu is None else round(client_cpu, 3),
         other_load=None if other_load is None else round(other_load, 3),
+        extra={"ended_tokens_per_s": round(tokens / duration, 2) if duration > 0 else 0.0},
         error_examples=_examples(bad),
-        **_latency_fields(good, timed),
+        **_latency_fields(good, good, started),
     )
 
 
@@ -256,70 +270,13 @@ def design_ratios(rows: Sequence[DesignRow]) -> list[GenRatio]:
     return out
 
 
-def find(points: Sequence[GenPoint], system: str, mode: str, level: float) -> GenPoint | None:
-    return next((p for p in points if p.system == system and p.mode == mode and p.level == level), None)
-
-
-def http_ratios(
-    points: Sequence[GenPoint],
-    service: str,
-    peer: str,
-    naive: str,
-    throughput_levels: Sequence[int] = (8, 32),
-) -> list[GenRatio]:
-    """The targets: service output tokens/s / transformers serve's at c=8 and c=32 (>= 1.5), service TTFT
-    p99 / transformers serve's at every closed-loop level and open-loop rate (<= 1.0); for context the
-    same throughput ratio at the other levels and against the naive endpoint."""
-    out: list[GenRatio] = []
-    pair = (service, peer)
-    levels = sorted({p.level for p in points if p.mode == CLOSED and p.system in pair})
-    for c in levels:
-        s, t = find(points, service, CLOSED, c), find(points, peer, CLOSED, c)
-        target = f">= {THROUGHPUT_TARGET}" if c in throughput_levels else "context"
-        value = _ratio(s and s.tokens_per_s, t and t.tokens_per_s)
-        met = None if value is None or target == "context" else value >= THROUGHPUT_TARGET
-        out.append(
-            GenRatio(
-                f"output tokens/s {service} / {peer}, c={c:g}",
-                value,
-                target,
-                met,
-                f"{_v(s, 'tokens_per_s')} / {_v(t, 'tokens_per_s')} tokens/s",
-            )
-        )
-    for mode, unit in ((CLOSED, "c="), (OPEN, "req/s=")):
-        for level in sorted({p.level for p in points if p.mode == mode and p.system in pair}):
-            s, t = find(points, service, mode, level), find(points, peer, mode, level)
-            value = _ratio(s and s.ttft_p99_ms, t and t.ttft_p99_ms)
-            met = None if value is None else value <= TTFT_TARGET
-            out.append(
-                GenRatio(
-                    f"TTFT p99 {service} / {peer}, {mode} loop {unit}{level:g}",
-                    value,
-                    f"<= {TTFT_TARGET}",
-                    met,
-                    f"{_v(s, 'ttft_p99_ms')} / {_v(t, 'ttft_p99_ms')} ms",
-                )
-            )
-    for c in sorted({p.level for p in points if p.mode == CLOSED}):
-        s, n = find(points, service, CLOSED, c), find(points, naive, CLOSED, c)
-        value = _ratio(s and s.tokens_per_s, n and n.tokens_per_s)
-        if value is not None:
-            out.append(
-                GenRatio(
-                    f"output tokens/s {service} / {naive}, c={c:g}",
-                    value,
-                    "context",
-                    None,
-                    f"{_v(s, 'tokens_per_s')} / {_v(n, 'tokens_per_s')} tokens/s",
-                )
-            )
-    return out
-
-
-def _v(p: GenPoint | None, name: str) -> str:
-    value = None if p is None else getattr(p, name)
-    return "n/a" if value is None else f"{value:g}"
+def find(
+    points: Sequence[GenPoint], system: str, mode: str, level: float, workload: str | None = None
+) -> GenPoint | None:
+    for p in points:
+        if (p.system, p.mode, p.level) == (system, mode, level) and workload in (None, p.workload):
+            return p
+    return None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The HTTP systems of ``python -m bench.generate``: this service, ``transformers serve``, a naive endpoint.
+"""The HTTP systems of ``python -m bench.generate``: this service, ``transformers serve``, a naive endpoint
+(vLLM: ``bench.generate_vllm``).
 
 Each is started alone on a free loopback port in its own process session (``bench.procs``), waited for
 (health route and ``/v1/models`` listing the model) and stopped before the next one.
@@ -28,8 +29,8 @@ from bench import procs
 from bench.peer_venv import PeerUnavailable, ensure_peer_venv
 from bench.service import ROOT, RayServeService, ServiceVariant, load_config
 
-SERVICE, TRANSFORMERS_SERVE, NAIVE = "service", "transformers-serve", "naive"
-SYSTEMS = (SERVICE, TRANSFORMERS_SERVE, NAIVE)
+SERVICE, VLLM, TRANSFORMERS_SERVE, NAIVE = "service", "vllm", "transformers-serve", "naive"
+SYSTEMS = (SERVICE, VLLM, TRANSFORMERS_SERVE, NAIVE)
 CHAT_ROUTE = "/v1/chat/completions"
 TS_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}  # --precision -> transformers serve --dtype
 START_TIMEOUT_S = 600.0

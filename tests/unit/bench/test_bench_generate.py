@@ -154,8 +154,12 @@ def test_chat_body_is_greedy_streamed_with_usage_and_may_leave_the_model_out() -
 
 def test_cli_lists_are_checked() -> None:
     assert generate._systems("naive,transformers-serve") == ["naive", "transformers-serve"]
+    assert generate._systems("service,vllm") == ["service", "vllm"]
     with pytest.raises(argparse.ArgumentTypeError):
-        generate._systems("naive,vllm")
+        generate._systems("naive,sglang")
+    assert generate._workloads("unique,speculative") == ["unique", "speculative"]
+    with pytest.raises(argparse.ArgumentTypeError):
+        generate._workloads("mix")
     assert generate._floats("0.5,1,2") == [0.5, 1.0, 2.0]
     with pytest.raises(argparse.ArgumentTypeError):
         generate._floats("0,1")

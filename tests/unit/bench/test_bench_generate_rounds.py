@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from bench import generate, generate_inprocess, generate_report, machine
+from bench.generate_judge import http_ratios
 from bench.generate_rounds import median_points, ratios_over_rounds, systems_in_round
-from bench.generate_stats import CLOSED, OPEN, DesignRow, GenPoint, GenReport, design_ratios, http_ratios
+from bench.generate_stats import CLOSED, OPEN, DesignRow, GenPoint, GenReport, design_ratios
 
 SYSTEMS = ["service", "transformers-serve", "naive"]
 TPS_8 = "output tokens/s service / transformers-serve, c=8"
@@ -82,8 +83,8 @@ def test_the_report_names_each_rounds_points_and_explains_the_medians() -> None:
     rep = GenReport("cmd", {}, {"rounds": 3}, {}, {}, points=points)
     rep.ratios = ratios_over_rounds(points, 3, "service", "transformers-serve", "naive")
     text = generate_report.render(rep, None)
-    assert "| service (round 2) | 8 | 160.0 |" in text and "| service | 8 | 140.0 |" in text
-    assert "3 rounds: each compared system was started" in text
+    assert "| mix | service (round 2) | 8 | 160.0 |" in text and "| mix | service | 8 | 140.0 |" in text
+    assert "3 rounds: the service, its speculative runs and vLLM were started" in text
     assert f"| round 2: {TPS_8} | 1.60 | >= 1.5 | yes |" in text
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench import generate_report
+from bench.generate_judge import http_ratios
 from bench.generate_load import CANCELLED_AT_END, StreamRecord
 from bench.generate_stats import (
     CLOSED,
@@ -16,7 +17,6 @@ from bench.generate_stats import (
     GenReport,
     SystemRun,
     design_ratios,
-    http_ratios,
     judge_open,
     summarize_closed,
     summarize_open,
@@ -51,7 +51,7 @@ def _rec(
 def test_closed_point_counts_requests_ended_in_the_window_and_skips_those_cancelled() -> None:
     records = [
         _rec(0.0, 0.5, 1.5, 11),  # ended before the window
-        _rec(1.0, 2.1, 3.1, 11),  # ended inside, sent in the warm-up: counted, its latency is not
+        _rec(1.0, 2.1, 3.1, 11),  # ended inside, sent in the warm-up: counted, its TTFT is not
         _rec(2.0, 2.3, 4.3, 21),  # inside: ttft 0.3 s, itl 0.1 s
         _rec(2.5, 3.0, 3.2, 3),  # inside: ttft 0.5 s, itl 0.1 s
         _rec(3.0, 3.5, 4.0, 5, error="HTTP 500"),  # inside, failed
@@ -59,11 +59,33 @@ def test_closed_point_counts_requests_ended_in_the_window_and_skips_those_cancel
     ]
     p = summarize_closed("s", 8, records, (2.0, 12.0), client_cpu=0.05, other_load=0.01)
     assert (p.mode, p.level, p.requests, p.errors, p.output_tokens) == (CLOSED, 8, 3, 1, 35)
-    assert p.tokens_per_s == pytest.approx(3.5) and p.req_per_s == pytest.approx(0.3)
-    assert p.ttft_p50_ms == pytest.approx(400.0) and p.ttft_p99_ms == pytest.approx(498.0)
+    # streamed inside [2, 12]: 11 + 21 + 3 of those that ended, 9 of the one cancelled; not the failed one
+    assert p.tokens_per_s == pytest.approx(4.4) and p.req_per_s == pytest.approx(0.3)
+    assert p.extra["ended_tokens_per_s"] == pytest.approx(3.5)
+    # TTFT: sent inside the window, the one cut at the end too (0.3, 0.5, 0.5 s); not the failed one
+    assert p.ttft_p50_ms == pytest.approx(500.0) and p.ttft_p99_ms == pytest.approx(500.0)
     assert p.itl_p50_ms == pytest.approx(100.0)
     assert p.mean_output_tokens == 11.7 and p.mean_prompt_tokens == 10.0  # (11 + 21 + 3) / 3
     assert p.error_examples == ["HTTP 500"]
+
+
+def test_closed_loop_tokens_are_those_streamed_in_the_window_whatever_the_waves_phase() -> None:
+    # 4 clients in lockstep, 10 s per answer of 64 tokens: waves end at 10, 20, 30 s; 6.4 tokens/s each
+    def waves(shift: float) -> list[StreamRecord]:
+        return [
+            _rec(w * 10.0 + shift, w * 10.0 + shift + 0.1, w * 10.0 + shift + 10.0, 64)
+            for w in range(-1, 4)
+            for _ in range(4)
+        ]
+
+    for shift in (0.0, 3.0, 4.0, 7.0):
+        p = summarize_closed("s", 4, waves(shift), (5.0, 23.0))
+        assert p.tokens_per_s == pytest.approx(4 * 64 / 10.0, rel=0.02)  # 25.6, the rate, at any phase
+    ended = [summarize_closed("s", 4, waves(s), (5.0, 23.0)).extra["ended_tokens_per_s"] for s in (0.0, 4.0)]
+    assert ended[0] != ended[1]  # what the count of ended requests would have said: 1 wave or 2
+    one_chunk = _rec(0.0, 6.0, 6.0, 30, chunks=1)
+    assert one_chunk.tokens_in(5.0, 7.0) == 30 and one_chunk.tokens_in(7.0, 9.0) == 0
+    assert StreamRecord(sent=0.0).tokens_in(0.0, 1.0) == 0
 
 
 def test_open_point_counts_arrivals_scheduled_in_the_window_and_judges_them() -> None:
