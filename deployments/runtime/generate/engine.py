@@ -29,7 +29,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from contracts.tokenized import Priority
 from deployments.config import GenerationConfig
-from deployments.runtime.generate.kv_batch import KVBatch, check_cache
+from deployments.runtime.generate.kv_batch import KVBatch, check_cache, prompt_cache
 from deployments.runtime.generate.passes import can_pack, decode_step, prefill_pack, prefill_piece
 from deployments.runtime.generate.prefix_cache import PrefixCache
 from deployments.runtime.generate.sampling import NON_FINITE, Sampler, Sampling, next_tokens
@@ -259,7 +259,7 @@ class Engine:
             start = seq.prefilled
             end = min(len(seq.prompt), start + budget)
             if seq.cache is None:
-                seq.cache = DynamicCache(config=self.model.config)
+                seq.cache = prompt_cache(self.model.config, len(seq.prompt))
             logits = prefill_piece(self.model, seq.prompt, start, end, seq.cache)
             budget -= end - start
             seq.prefilled = end
@@ -278,7 +278,9 @@ class Engine:
         if seq.looked_up or self._prefixes is None:
             return
         seq.looked_up = True
-        seq.prefilled, seq.cache = self._prefixes.lookup(seq.prompt, self.model.config)
+        cache = prompt_cache(self.model.config, len(seq.prompt))
+        seq.prefilled = self._prefixes.lookup(seq.prompt, cache)
+        seq.cache = cache if seq.prefilled else None
 
     def _join(self, seq: Sequence, cache: DynamicCache, start: int = 0) -> None:
         """A prefilled request joins the batch (and the draft's batch, row for row)."""

@@ -9,7 +9,9 @@ replaced copied the whole cache on every join and leave, a third of the engine's
 
 The buffers grow (one copy) only when a row needs more columns, or the batch more rows, than they hold,
 with room to spare only while rows x columns stays within ``budget`` (the engine's ``kv_cache_tokens``):
-the memory allocated never exceeds the budget that admission checks. They are freed when the batch empties.
+the memory allocated never exceeds the budget that admission checks. They are kept when the batch empties:
+a lone request after another would otherwise allocate and zero its row's buffers again (tens of MB for
+GPT-2-small, as long as a decode step).
 """
 
 from __future__ import annotations
@@ -28,13 +30,48 @@ class UnsupportedCacheError(RuntimeError):
 
 
 COLUMN_STEP = 64  # columns are allocated in multiples of this
-ROW_STEP = 4  # rows too
+ROW_STEP = 1  # rows grow by doubling: a lone request holds one row
 
 
 def check_cache(cache: DynamicCache) -> None:
     kinds = {type(layer).__name__ for layer in cache.layers}
-    if not kinds <= {DynamicLayer.__name__, RowLayer.__name__}:
+    if not kinds <= {DynamicLayer.__name__, RowLayer.__name__, PromptLayer.__name__}:
         raise UnsupportedCacheError(f"continuous batching needs full-attention cache layers, got {kinds}")
+
+
+class PromptLayer(DynamicLayer):
+    """One layer of a prompt's own cache while it is prefilled: a buffer for the whole prompt, each piece
+    (and a cached prefix) written in place. ``DynamicLayer`` copies the whole cache into a new tensor at every
+    piece: for a 30-token turn after an 800-token cached prefix, a copy of 800 tokens' keys and values per layer."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.length = length
+        self.filled = 0
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object, **kwargs: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            batch, heads, _, dim = key_states.shape
+            self._k = key_states.new_empty((batch, heads, self.length, dim))
+            self._v = value_states.new_empty((batch, heads, self.length, value_states.shape[-1]))
+            self.device = key_states.device
+            self.is_initialized = True
+        end = self.filled + key_states.shape[-2]
+        self._k[:, :, self.filled : end] = key_states
+        self._v[:, :, self.filled : end] = value_states
+        self.filled = end
+        self.keys, self.values = self._k[:, :, :end], self._v[:, :, :end]
+        return self.keys, self.values
+
+
+def prompt_cache(config: object, length: int) -> DynamicCache:
+    """A one-row cache for a prompt of ``length`` tokens, filled in place (``PromptLayer``)."""
+    cache = DynamicCache(config=config)
+    check_cache(cache)
+    cache.layers[:] = [PromptLayer(length) for _ in cache.layers]
+    return cache
 
 
 class RowLayer(DynamicLayer):
@@ -156,8 +193,8 @@ class KVBatch:
         Rows past the kept count move into the holes, so only they are copied."""
         if len(rows) == self.rows:
             return list(range(self.rows))
-        if not rows:
-            self.cache, self.lengths, self._keys, self._values = None, [], [], []
+        if not rows:  # the buffers stay, within the budget, for the next request
+            self.cache, self.lengths = None, []
             return []
         kept = set(rows)
         count = len(rows)

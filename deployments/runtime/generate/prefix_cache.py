@@ -55,9 +55,9 @@ class PrefixCache:
         self._hit_tokens = 0
         self._prompt_tokens = 0
 
-    def lookup(self, prompt: list[int], config: object) -> tuple[int, DynamicCache | None]:
-        """The longest cached prefix of ``prompt`` that leaves at least one token to prefill (its logits
-        give the first new token): how many tokens it covers, and a one-row cache holding them."""
+    def lookup(self, prompt: list[int], cache: DynamicCache) -> int:
+        """Write the longest cached prefix of ``prompt`` that leaves at least one token to prefill (its logits
+        give the first new token) into ``cache``, an empty one-row cache; how many tokens it covers."""
         found: list[tuple[Key, _Block]] = []
         if self.capacity:
             for key in self._keys(prompt, (len(prompt) - 1) // self.block_tokens):
@@ -70,14 +70,10 @@ class PrefixCache:
             self._hit_tokens += len(found) * self.block_tokens
         for key, _ in reversed(found):  # the last block first: parents stay more recent than children
             self._blocks.move_to_end(key)
-        if not found:
-            return 0, None
-        cache = DynamicCache(config=config)
-        for layer in range(len(found[0][1].keys)):
-            keys = torch.cat([b.keys[layer] for _, b in found], dim=1)[None]
-            values = torch.cat([b.values[layer] for _, b in found], dim=1)[None]
-            cache.update(keys, values, layer)
-        return len(found) * self.block_tokens, cache
+        for _, block in found:  # block by block: a cache filled in place copies each once
+            for layer, keys, values in zip(cache.layers, block.keys, block.values, strict=False):
+                layer.update(keys[None], values[None])
+        return len(found) * self.block_tokens
 
     def store(self, prompt: list[int], cache: DynamicCache, upto: int, start: int = 0) -> None:
         """Keep the blocks of ``prompt[:upto]`` not held yet; ``cache`` holds the prompt's keys and values

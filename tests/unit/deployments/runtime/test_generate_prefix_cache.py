@@ -9,6 +9,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from deployments.config import GenerationConfig
 from deployments.runtime.generate.engine import Engine
+from deployments.runtime.generate.kv_batch import PromptLayer
 from deployments.runtime.generate.prefix_cache import PrefixCache
 from tests.unit.deployments.runtime.generate_support import (
     Events,
@@ -90,19 +91,25 @@ def _cache_of(tokens: list[int]) -> DynamicCache:
     return cache
 
 
+def _hit(cache: PrefixCache, prompt: list[int]) -> tuple[int, DynamicCache]:
+    into = DynamicCache()
+    into.layers[:] = [PromptLayer(len(prompt)) for _ in range(LAYERS)]
+    return cache.lookup(prompt, into), into
+
+
 def test_lookup_stops_at_the_first_block_that_differs() -> None:
     cache = PrefixCache(block_tokens=4, budget_tokens=64)
     first = list(range(1, 14))  # 13 tokens: 3 whole blocks
     cache.store(first, _cache_of(first), len(first))
     other = [*first[:6], 99, *first[7:], 50]  # differs in block 1: only block 0 matches
-    hit, kv = cache.lookup(other, None)
-    assert hit == 4 and kv is not None
+    hit, kv = _hit(cache, other)
+    assert hit == 4
     assert kv.layers[2].keys[0, 0, :, 0].tolist() == [1, 2, 3, 4]
     assert kv.layers[2].values[0, 1, :, 0].tolist() == [-1, -2, -3, -4]
     # The same blocks after another first block are other blocks: keyed by the whole prefix.
-    assert cache.lookup([0, *first], None)[0] == 0
+    assert _hit(cache, [0, *first])[0] == 0
     # At least one token is left to prefill: 12 cached tokens of a 12-token prompt give 8.
-    assert cache.lookup(first[:12], None)[0] == 8
+    assert _hit(cache, first[:12])[0] == 8
 
 
 def test_least_recently_used_leaves_go_first() -> None:
@@ -111,15 +118,15 @@ def test_least_recently_used_leaves_go_first() -> None:
     cache.store(a, _cache_of(a), 6)
     b = [7, 8, 0]
     cache.store(b, _cache_of(b), 2)  # full: 4 blocks
-    assert cache.lookup(a, None)[0] == 6  # a is now more recent than b
+    assert _hit(cache, a)[0] == 6  # a is now more recent than b
     c = [9, 9, 0]
     cache.store(c, _cache_of(c), 2)  # evicts b, the least recently used
-    assert cache.lookup(b, None)[0] == 0
-    assert cache.lookup(a, None)[0] == 6
+    assert _hit(cache, b)[0] == 0
+    assert _hit(cache, a)[0] == 6
     d = [5, 5, 0]
     cache.store(d, _cache_of(d), 2)  # evicts c (a was just used)
     e = [4, 4, 0]
     cache.store(e, _cache_of(e), 2)  # a's leaf (its third block) goes before its parents
-    assert cache.lookup(a, None)[0] == 4
+    assert _hit(cache, a)[0] == 4
     stats = cache.stats()
     assert stats.blocks_used == stats.blocks_total == 4
