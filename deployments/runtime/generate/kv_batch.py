@@ -42,7 +42,7 @@ def check_cache(cache: DynamicCache) -> None:
 class PromptLayer(DynamicLayer):
     """One layer of a prompt's own cache while it is prefilled: a buffer for the whole prompt, each piece
     (and a cached prefix) written in place. ``DynamicLayer`` copies the whole cache into a new tensor at every
-    piece: for a 30-token turn after an 800-token cached prefix, a copy of 800 tokens' keys and values per layer."""
+    piece: for a 30-token turn after an 800-token cached prefix, 800 tokens' keys and values copied again."""
 
     def __init__(self, length: int) -> None:
         super().__init__()
