@@ -245,22 +245,7 @@ def start_transformers_serve(env: ServingEnv, model_dir: Path, log_dir: Path, fl
     server_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
     server_env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
     proc = procs.start(transformers_serve_command(env, model_dir, port, flags), log, env=server_env, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        procs.wait_http_ok(f"{base}/health", START_TIMEOUT_S, proc, log)
-        wait_model_listed(base, None, 60.0, proc, log)
-    except BaseException:
-        procs.stop(proc)
-        raise
-    return Running(
-        TRANSFORMERS_SERVE,
-        base,
-        None,
-        proc.pid,
-        log,
-        time.monotonic() - t0,
-        _stop_proc(proc, TRANSFORMERS_SERVE),
-    )
+    return await_server(TRANSFORMERS_SERVE, proc, port, "/health", None, log, t0)
 
 
 def start_naive(model_dir: Path, model: str, log_dir: Path, precision: str = "fp32") -> Running:
@@ -283,14 +268,21 @@ def start_naive(model_dir: Path, model: str, log_dir: Path, precision: str = "fp
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     proc = procs.start(cmd, log, env=env, cwd=ROOT)
+    return await_server(NAIVE, proc, port, "/healthz", model, log, t0)
+
+
+def await_server(
+    name: str, proc: Any, port: int, health: str, model: str | None, log: Path, t0: float
+) -> Running:
+    """A started peer once its health route answers and it lists the model; stopped if it never does."""
     base = f"http://127.0.0.1:{port}"
     try:
-        procs.wait_http_ok(f"{base}/healthz", START_TIMEOUT_S, proc, log)
+        procs.wait_http_ok(f"{base}{health}", START_TIMEOUT_S, proc, log)
         wait_model_listed(base, model, 60.0, proc, log)
     except BaseException:
         procs.stop(proc)
         raise
-    return Running(NAIVE, base, model, proc.pid, log, time.monotonic() - t0, _stop_proc(proc, NAIVE))
+    return Running(name, base, model, proc.pid, log, time.monotonic() - t0, _stop_proc(proc, name))
 
 
 if __name__ == "__main__":  # python -m bench.generate_systems: make the serving venv only

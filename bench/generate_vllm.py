@@ -25,14 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import procs
-from bench.generate_systems import (
-    START_TIMEOUT_S,
-    VLLM,
-    Running,
-    Unavailable,
-    _stop_proc,
-    wait_model_listed,
-)
+from bench.generate_systems import VLLM, Running, Unavailable, await_server
 from bench.peer_venv import PeerUnavailable, ensure_peer_venv
 from bench.service import ROOT
 
@@ -140,14 +133,7 @@ def start_vllm(
     log = log_dir / f"{VLLM}.log"
     cmd = vllm_command(env, model_dir, model, port, precision, list(flags))
     proc = procs.start(cmd, log, env=vllm_environment(extra_env or {}), cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        procs.wait_http_ok(f"{base}/health", START_TIMEOUT_S, proc, log)
-        wait_model_listed(base, model, 60.0, proc, log)
-    except BaseException:
-        procs.stop(proc)
-        raise
-    return Running(VLLM, base, model, proc.pid, log, time.monotonic() - t0, _stop_proc(proc, VLLM))
+    return await_server(VLLM, proc, port, "/health", model, log, t0)
 
 
 if __name__ == "__main__":  # python -m bench.generate_vllm: make the vLLM venv only
