@@ -12,6 +12,7 @@ inter-token latency of a request is ``(last chunk - first chunk) / (completion_t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -229,16 +230,22 @@ async def closed_loop(
     offset: int = 0,
 ) -> LoopResult:
     """``concurrency`` clients, each sending its next request when the last one ended, until the window
-    ends; requests still out then are cancelled (the connection closes) and marked so."""
+    ends; requests still out then are cancelled (the connection closes) and marked so. The window opens
+    after ``warmup_s`` and once every client has had its first answer (or ``timeout_s`` later at most): a
+    level whose answers outlast the warm-up would otherwise measure the first wave's prefill and no steady
+    state, and no request sent inside the window would finish in it."""
     start = time.monotonic()
-    window = (start + warmup_s, start + warmup_s + duration_s)
+    window = [start + warmup_s, start + warmup_s + duration_s]
     records: list[StreamRecord] = []
     counter = iter(range(offset, offset + 10**9))
     cpu0 = time.process_time()
+    warm = asyncio.Event()
+    first_done = 0
     async with _session(concurrency, timeout_s) as session:
 
         async def client() -> None:
-            while time.monotonic() < window[1]:
+            nonlocal first_done
+            while time.monotonic() < window[1] or not warm.is_set():
                 i = next(counter) % len(bodies)
                 record = StreamRecord(sent=time.monotonic(), prompt=i)
                 records.append(record)
@@ -247,15 +254,26 @@ async def closed_loop(
                 except asyncio.CancelledError:
                     record.error, record.ended = CANCELLED_AT_END, time.monotonic()
                     raise
+                if first_done < concurrency:
+                    first_done += 1
+                    if first_done == concurrency:
+                        warm.set()
                 if record.error and record.ended - record.sent < 0.01:
                     await asyncio.sleep(0.05)  # a server failing fast must not become a busy loop
 
         tasks = [asyncio.create_task(client()) for _ in range(concurrency)]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(warm.wait(), timeout_s)
+        warm.set()
+        now = time.monotonic()
+        if now > window[0]:
+            window = [now, now + duration_s]
         await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return LoopResult(records, window, (time.process_time() - cpu0) / max(1e-9, time.monotonic() - start))
+    span = max(1e-9, time.monotonic() - start)
+    return LoopResult(records, (window[0], window[1]), (time.process_time() - cpu0) / span)
 
 
 @dataclass

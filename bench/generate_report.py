@@ -203,7 +203,8 @@ def render(report: GenReport, plot_name: str | None = "plot.png", level: int = 2
         "TTFT: request sent (open loop: scheduled) to the first content chunk; ITL: first to last content "
         "chunk over completion_tokens - 1, per request; gap: the longest pause between two content chunks "
         "of a request (a stall, e.g. behind another request's prefill). Closed loop: throughput from the "
-        "requests that ended inside the window, latencies from those also sent inside it.",
+        "requests that ended inside the window, TTFT from those whose first chunk came inside it, ITL from "
+        "those that ended inside it.",
         "",
     ]
     judged = headline(report.ratios)

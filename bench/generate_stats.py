@@ -117,14 +117,15 @@ def summarize_closed(
     bad = [r for r in ended if not r.ok]
     tokens = sum(r.tokens for r in good)
     streamed = sum(r.tokens_in(lo, hi) for r in records if r.ok or r.error == CANCELLED_AT_END)
-    # TTFT only of requests sent inside the window: the warm-up's first requests all start at once (every
-    # client's first), a burst no later request sees, and they would set the p99. Those cut at the window's
-    # end count once their first chunk came (at 32 clients an answer can outlast the window). ITL and gaps:
-    # of the answers that ended in the window.
+    # TTFT of the requests whose first chunk came inside the window, those cut at its end too. The window
+    # opens once every client has had its first answer, so the warm-up's burst (every client's first request
+    # at once, which no later request sees) is left out; a server that answers in waves (every client's
+    # request sent and ended together) still has each wave's first chunks counted. ITL and gaps: of the
+    # answers that ended in the window.
     started = [
         r
         for r in records
-        if lo <= r.sent < hi and r.first is not None and (r.ok or r.error == CANCELLED_AT_END)
+        if r.first is not None and lo <= r.first <= hi and (r.ok or r.error == CANCELLED_AT_END)
     ]
     return GenPoint(
         system=system,

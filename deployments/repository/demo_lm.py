@@ -27,6 +27,7 @@ import struct
 import sys
 import sysconfig
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -141,19 +142,7 @@ def build(spec: LMSpec, repository: Path, *, force: bool = False) -> str:
     write_tokenizer(spec, target)
     with _quiet():
         _write_model(spec, target)
-    (target / "README.md").write_text(f"# {spec.name}\n\n{NOTICE.capitalize()}.\n", encoding="utf-8")
-    manifest = {
-        "schema_version": 1,
-        "name": spec.name,
-        "version": VERSION,
-        "task": "generate",
-        "weights": ".",
-        "input": {"tokenizer": "tokenizer.json", "max_tokens": spec.positions},
-        "output": {},
-        "chat_template": True,
-        "files": {f: sha256_of(target / f) for f in FILES},
-    }
-    _write_json(target / "manifest.json", manifest)
+    write_card(spec, target, NOTICE)
     took = time.perf_counter() - t0
     params = parameter_count(target / "model.safetensors")
     what = f"{spec.arch}, {params:,} parameters, vocabulary {spec.vocab}"
@@ -190,6 +179,12 @@ def corpus_texts(corpus: Corpus) -> list[str]:
 @functools.lru_cache(maxsize=4)
 def train_tokenizer(vocab: int, corpus: Corpus) -> str:
     """A byte-level BPE of exactly ``vocab`` tokens, as tokenizer.json text (the demos share one)."""
+    return bpe_tokenizer(vocab, corpus_texts(corpus))
+
+
+def bpe_tokenizer(vocab: int, texts: Sequence[str]) -> str:
+    """A byte-level BPE of exactly ``vocab`` tokens trained on ``texts``, as tokenizer.json text, with the
+    special tokens (ids 0, 1, 2), pre-tokenizer and decoder every demo LM has."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.BPE())
@@ -202,16 +197,34 @@ def train_tokenizer(vocab: int, corpus: Corpus) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    texts = corpus_texts(corpus)
     tokenizer.train_from_iterator(texts, trainer, length=len(texts))
     if (reached := tokenizer.get_vocab_size()) != vocab:
-        raise ValueError(f"the {corpus} text reaches a vocabulary of {reached}, not {vocab}: ask for less")
+        raise ValueError(f"the corpus reaches a vocabulary of {reached}, not {vocab}: ask for less")
     return tokenizer.to_str()
 
 
-def write_tokenizer(spec: LMSpec, target: Path) -> None:
-    """tokenizer.json, tokenizer_config.json (with the ChatML template) and special_tokens_map.json."""
-    (target / "tokenizer.json").write_text(train_tokenizer(spec.vocab, spec.corpus), encoding="utf-8")
+def write_card(spec: LMSpec, target: Path, notice: str) -> None:
+    """README.md (``notice``) and manifest.json (summing the model's files, written before)."""
+    (target / "README.md").write_text(f"# {spec.name}\n\n{notice.capitalize()}.\n", encoding="utf-8")
+    manifest = {
+        "schema_version": 1,
+        "name": spec.name,
+        "version": VERSION,
+        "task": "generate",
+        "weights": ".",
+        "input": {"tokenizer": "tokenizer.json", "max_tokens": spec.positions},
+        "output": {},
+        "chat_template": True,
+        "files": {f: sha256_of(target / f) for f in FILES},
+    }
+    _write_json(target / "manifest.json", manifest)
+
+
+def write_tokenizer(spec: LMSpec, target: Path, tokenizer_json: str | None = None) -> None:
+    """tokenizer.json (``tokenizer_json``, else trained on ``spec.corpus``), tokenizer_config.json (with the
+    ChatML template) and special_tokens_map.json."""
+    text = tokenizer_json if tokenizer_json is not None else train_tokenizer(spec.vocab, spec.corpus)
+    (target / "tokenizer.json").write_text(text, encoding="utf-8")
     special = {"bos_token": EOS, "eos_token": EOS, "pad_token": EOS, "unk_token": EOS}
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": spec.positions}
     config |= {"clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}

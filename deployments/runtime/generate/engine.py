@@ -6,7 +6,8 @@ One loop, on its own thread, owns the model. Each iteration it
 3. prefills prompts in chunks, at most ``prefill_chunk_tokens`` per iteration, so a long prompt does
    not stall the running streams; short prompts waiting together share one pass (``prefill_pack_tokens``),
    so a burst costs one pass; a prompt whose first blocks were computed before (``prefix_cache.py``)
-   prefills only the rest; a prompt done gives its first token and joins the batch;
+   prefills only the rest; a prompt done gives its first token and joins the batch (a prefix that rows
+   share is held there once: ``shared_prefix.py``);
 4. runs one decode step of the batch: one new token per running request, or, with speculative decoding
    (``speculative.py``) and a small batch, a check of each row's proposed tokens: one or more each.
 
@@ -80,6 +81,7 @@ class Engine:
         self._prefilling: list[Sequence] = []
         self._in_pass = 1  # prompts in the prefill pass under way: the ones a failure of it fails
         self._packs = can_pack(model) and limits.prefill_pack_tokens > limits.prefill_chunk_tokens
+        self._shares = can_pack(model)  # a shared prefix needs the row-group attention (shared_prefix.py)
         self._running: list[Sequence] = []
         self._batch = KVBatch(self.device, limits.kv_cache_tokens)
         self._prefixes = (
@@ -144,8 +146,11 @@ class Engine:
         )
 
     def _reservation(self, active: list[Sequence]) -> int:
-        """Token slots the batch may need for ``active``: every row padded to the longest whole generation."""
-        return len(active) * (max((s.reserve for s in active), default=0) + (self._spare if active else 0))
+        """Token slots the batch may need for ``active``: every row padded to the longest whole generation,
+        and the shared prefix."""
+        if not active:
+            return 0
+        return len(active) * (max(s.reserve for s in active) + self._spare) + self._batch.shared_slots
 
     @property
     def alive(self) -> bool:
@@ -279,14 +284,23 @@ class Engine:
             return
         seq.looked_up = True
         cache = prompt_cache(self.model.config, len(seq.prompt))
-        seq.prefilled = self._prefixes.lookup(seq.prompt, cache)
+        seq.prefilled = seq.cached = self._prefixes.lookup(seq.prompt, cache)
         seq.cache = cache if seq.prefilled else None
 
     def _join(self, seq: Sequence, cache: DynamicCache, start: int = 0) -> None:
         """A prefilled request joins the batch (and the draft's batch, row for row)."""
         if self._proposer is not None:
             self._proposer.join(seq.prompt)
-        self._batch.add(cache, len(seq.prompt), start)
+        # A popular prefix (a prefix-cache hit) may become the batch's shared one where the reservation
+        # leaves room for it; a prompt that starts with the batch's shares it either way.
+        hit = seq.cached
+        active = [*self._running, *(s for s in self._prefilling if s is not seq), seq]
+        if hit and self._reservation(active) + hit > self.limits.kv_cache_tokens:
+            hit = 0
+        if self._shares:
+            self._batch.add(cache, len(seq.prompt), start, seq.prompt, hit)
+        else:
+            self._batch.add(cache, len(seq.prompt), start)
         self._running.append(seq)
 
     def _pack(self, limit: int) -> list[Sequence]:
@@ -348,7 +362,7 @@ class Engine:
             self._proposer is not None
             and spec is not None
             and len(self._running) <= spec.max_rows
-            and self._batch.columns + self._spare + 1 <= self._context  # positions within the model's
+            and self._batch.longest + self._spare + 1 <= self._context  # positions within the model's
         )
 
     def _keep_rows(self, rows: list[int]) -> None:

@@ -12,6 +12,9 @@ with room to spare only while rows x columns stays within ``budget`` (the engine
 the memory allocated never exceeds the budget that admission checks. They are kept when the batch empties:
 a lone request after another would otherwise allocate and zero its row's buffers again (tens of MB for
 GPT-2-small, as long as a decode step).
+
+A prompt prefix that several rows begin with (a system prompt) is held once (``shared_prefix.py``): such a
+row stores only its columns after it, and ``lengths`` stay the rows' whole lengths (their positions).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+
+from deployments.runtime.generate.shared_prefix import MIN_TOKENS, SharedPrefix
 
 
 class KVBudgetError(RuntimeError):
@@ -98,7 +103,9 @@ class KVBatch:
         self.device = torch.device(device)
         self.budget = budget  # token slots per layer the buffers may hold (rows x columns); None: no bound
         self.cache: DynamicCache | None = None
-        self.lengths: list[int] = []
+        self.lengths: list[int] = []  # each row's tokens, a shared prefix included: its next position
+        self.offsets: list[int] = []  # each row's tokens held in the shared prefix (0: none)
+        self.shared: SharedPrefix | None = None
         self._keys: list[torch.Tensor] = []  # per layer: (row capacity, heads, column capacity, dim)
         self._values: list[torch.Tensor] = []
         self._write_rows = torch.zeros(0, dtype=torch.long)
@@ -111,44 +118,80 @@ class KVBatch:
         return len(self.lengths)
 
     @property
-    def columns(self) -> int:
-        """Columns the model attends over (before a step's new one): the longest row's length."""
+    def longest(self) -> int:
+        """The longest row's length, a shared prefix included."""
         return max(self.lengths, default=0)
 
     @property
+    def stored(self) -> list[int]:
+        """Each row's columns in the buffers: its length less what the shared prefix holds."""
+        return [n - o for n, o in zip(self.lengths, self.offsets, strict=True)]
+
+    @property
+    def columns(self) -> int:
+        """The buffers' columns in use (before a step's new one): the longest row's stored part."""
+        return max(self.stored, default=0)
+
+    @property
+    def shared_slots(self) -> int:
+        return self.shared.length if self.shared is not None else 0
+
+    @property
     def slots(self) -> int:
-        """Token slots held per layer (padding included): what the KV budget counts."""
-        return self.rows * self.columns
+        """Token slots held per layer (padding and the shared prefix included): what the budget counts."""
+        return self.rows * self.columns + self.shared_slots
 
     @property
     def capacity(self) -> tuple[int, int]:
         """(rows, columns) the buffers hold now."""
         return (int(self._keys[0].shape[0]), int(self._keys[0].shape[2])) if self._keys else (0, 0)
 
-    def add(self, cache: DynamicCache, length: int, start: int = 0) -> None:
+    def add(
+        self, cache: DynamicCache, length: int, start: int = 0, prompt: list[int] | None = None, hit: int = 0
+    ) -> None:
         """Append one prefilled sequence as the last row: ``length`` tokens of a one-row cache, from column
-        ``start`` (a packed prefill holds several prompts end to end)."""
+        ``start`` (a packed prefill holds several prompts end to end). ``prompt``: its tokens, for sharing
+        a prefix; ``hit``: how many of them the prefix cache held (a popular prefix)."""
         check_cache(cache)
         layers = cache.layers
         if not self._keys:
             self._keys = [_zeros(layer.keys) for layer in layers]
             self._values = [_zeros(layer.values) for layer in layers]
-        self._reserve(self.rows + 1, length)
-        row = self.rows
+        offset = self._share(cache, start, prompt, hit, length)
+        self._reserve(self.rows + 1, length - offset)
+        row, width = self.rows, length - offset
         for mine_k, mine_v, theirs in zip(self._keys, self._values, layers, strict=True):
-            mine_k[row, :, :length] = theirs.keys[0, :, start : start + length]
-            mine_v[row, :, :length] = theirs.values[0, :, start : start + length]
+            mine_k[row, :, :width] = theirs.keys[0, :, start + offset : start + length]
+            mine_v[row, :, :width] = theirs.values[0, :, start + offset : start + length]
         self.lengths.append(length)
+        self.offsets.append(offset)
         if self.cache is None:
             self.cache = DynamicCache()
             self.cache.layers[:] = [RowLayer(self, i) for i in range(len(layers))]
         self._views(self.columns)
 
+    def _share(self, cache: DynamicCache, start: int, prompt: list[int] | None, hit: int, length: int) -> int:
+        """How many of the joining row's first tokens the shared prefix holds: it shares the batch's, or
+        its popular prefix becomes the batch's (where the buffers leave room for it), or none. The engine
+        passes a ``hit`` only when its reservation leaves room for it."""
+        if prompt is None:
+            return 0
+        if self.shared is None and hit >= MIN_TOKENS and length > hit:
+            need = (self.rows + 1) * max(self.columns, length - hit)
+            if self.budget is not None and hit + max(self.allocated, need) > self.budget:
+                return 0
+            self.shared = SharedPrefix(
+                prompt[:hit],
+                [layer.keys[0, :, start : start + hit].clone() for layer in cache.layers],
+                [layer.values[0, :, start : start + hit].clone() for layer in cache.layers],
+            )
+        return self.shared.length if self.shared is not None and self.shared.starts(prompt) else 0
+
     @property
     def allocated(self) -> int:
-        """Token slots per layer the buffers hold now (rows x columns of capacity): at most ``budget``."""
+        """Token slots per layer the buffers and the shared prefix hold now: at most ``budget``."""
         rows, columns = self.capacity
-        return rows * columns
+        return rows * columns + self.shared_slots
 
     def step_inputs(self, tokens: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """The attention mask and position ids of one decode step of ``tokens`` new tokens per row (more
@@ -156,16 +199,20 @@ class KVBatch:
         padding mask (rows, columns + 1); more: each new token sees its row's cache and the new tokens up to
         itself, a 4D mask (rows, 1, tokens, columns + tokens) that the model takes as it is."""
         self._reserve(self.rows, self.columns + tokens)
-        lengths = torch.tensor(self.lengths, dtype=torch.long, device=self.device)
-        positions = lengths[:, None] + torch.arange(tokens, device=self.device)[None, :]
+        new = torch.arange(tokens, device=self.device)[None, :]
+        positions = torch.tensor(self.lengths, dtype=torch.long, device=self.device)[:, None] + new
+        stored = torch.tensor(self.stored, dtype=torch.long, device=self.device)
+        at = stored[:, None] + new  # where the new tokens go in each row's columns
         self._write_rows = torch.arange(self.rows, device=self.device).repeat_interleave(tokens)
-        self._write_columns = positions.reshape(-1)
+        self._write_columns = at.reshape(-1)
         self._write_tokens = tokens
         self._write_width = self.columns + tokens  # once per step, not once per layer
+        if self.shared is not None:
+            self.shared.rows = torch.tensor([o > 0 for o in self.offsets], device=self.device)
         columns = torch.arange(self._write_width, device=self.device)
         if tokens == 1:
-            return (columns[None, :] <= lengths[:, None]).long(), positions
-        return columns[None, None, None, :] <= positions[:, None, :, None], positions
+            return (columns[None, :] <= stored[:, None]).long(), positions
+        return columns[None, None, None, :] <= at[:, None, :, None], positions
 
     def write(
         self, layer: int, keys: torch.Tensor, values: torch.Tensor
@@ -194,7 +241,7 @@ class KVBatch:
         if len(rows) == self.rows:
             return list(range(self.rows))
         if not rows:  # the buffers stay, within the budget, for the next request
-            self.cache, self.lengths = None, []
+            self.cache, self.lengths, self.offsets, self.shared = None, [], [], None
             return []
         kept = set(rows)
         count = len(rows)
@@ -204,12 +251,15 @@ class KVBatch:
         for hole, mover in zip(holes, movers, strict=True):
             order[hole] = mover
         if holes:
-            width = max(self.lengths[i] for i in movers)
+            width = max(self.lengths[i] - self.offsets[i] for i in movers)
             to = torch.tensor(holes, dtype=torch.long, device=self.device)
             source = torch.tensor(movers, dtype=torch.long, device=self.device)
             for buffer in (*self._keys, *self._values):
                 buffer[to, :, :width] = buffer[source, :, :width]
         self.lengths = [self.lengths[i] for i in order]
+        self.offsets = [self.offsets[i] for i in order]
+        if not any(self.offsets):
+            self.shared = None  # its last row left
         self._views(self.columns)
         return order
 
@@ -242,12 +292,14 @@ class KVBatch:
             (rows, _round_up(columns, COLUMN_STEP)),
             (_round_up(rows, ROW_STEP), columns),
         ]
+        budget = None if self.budget is None else self.budget - self.shared_slots
         for shape in shapes:
-            if self.budget is None or shape[0] * shape[1] <= self.budget:
+            if budget is None or shape[0] * shape[1] <= budget:
                 return shape
-        if rows * columns > self.budget:  # type: ignore[operator]  # budget is set: the loop tried it
+        if rows * columns > budget:  # type: ignore[operator]  # budget is set: the loop tried it
             raise KVBudgetError(
-                f"{rows} rows x {columns} columns exceed the KV budget of {self.budget} slots"
+                f"{rows} rows x {columns} columns and a {self.shared_slots}-token shared prefix exceed "
+                f"the KV budget of {self.budget} slots"
             )
         return rows, columns
 

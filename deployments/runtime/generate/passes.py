@@ -64,7 +64,11 @@ def decode_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> to
     vocab). The batch then holds one token more per row. A model switched to grouped decode attention
     (``row_attention.use_row_groups``) gets this step's plan."""
     mask, positions = batch.step_inputs()
-    plan = {"row_groups": plan_groups([n + 1 for n in batch.lengths])} if can_pack(model) else {}
+    plan: dict[str, object] = {}
+    if batch.shared is not None:  # rows that hold a prefix once: cascade attention (shared_prefix.py)
+        plan["shared_prefix"] = batch.shared
+    elif can_pack(model):
+        plan["row_groups"] = plan_groups([n + 1 for n in batch.stored])
     out = model(
         input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True, **plan
     )
@@ -77,5 +81,8 @@ def verify_step(model: PreTrainedModel, batch: KVBatch, ids: torch.Tensor) -> to
     in one pass, each seeing its row's cache and the tokens before it. The logits after each (rows, tokens,
     vocab). The batch's lengths stay: the caller advances each row by what it accepted."""
     mask, positions = batch.step_inputs(ids.shape[1])
-    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True)
+    plan = {"shared_prefix": batch.shared} if batch.shared is not None else {}
+    out = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, cache=batch.cache, use_cache=True, **plan
+    )
     return out.logits

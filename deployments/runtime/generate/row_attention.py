@@ -21,6 +21,8 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from deployments.runtime.generate.shared_prefix import SharedPrefix, cascade_attention
+
 IMPLEMENTATION = "textserve_row_groups"
 # What one more SDPA call costs, in row x column units (a column of one row, every head): a call's own fixed
 # cost is about what a hundred-odd columns cost to read and score (GPT-2-small on a CPU).
@@ -71,10 +73,13 @@ def row_group_attention(
     scaling: float | None = None,
     row_groups: tuple[RowGroup, ...] | None = None,
     prompt_bounds: tuple[int, ...] | None = None,
+    shared_prefix: SharedPrefix | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """transformers' attention interface: grouped for a decode step with a plan, by prompt for a packed
-    prefill, plain SDPA otherwise."""
+    """transformers' attention interface: over a shared prefix and each row's own columns for a batch that
+    holds one, grouped for a decode step with a plan, by prompt for a packed prefill, plain SDPA otherwise."""
+    if shared_prefix is not None:
+        return cascade_attention(module, query, key, value, attention_mask, shared_prefix, scaling), None
     if prompt_bounds is not None:
         return _packed_prefill(module, query, key, value, prompt_bounds, scaling, **kwargs), None
     if row_groups is None or query.shape[2] != 1 or len(row_groups) == 1:

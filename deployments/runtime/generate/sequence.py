@@ -59,6 +59,7 @@ class Sequence:
     prefilled: int = 0
     solo: bool = False  # was in a pack that failed: prefilled alone from now on
     looked_up: bool = False  # its prompt was looked up in the prefix cache (once per request)
+    cached: int = 0  # its prompt's first tokens the prefix cache held
 
     @property
     def reserve(self) -> int:

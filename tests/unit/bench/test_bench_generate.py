@@ -224,6 +224,26 @@ def test_closed_and_open_loop_against_a_fake_server() -> None:
     assert q.requests > 3 and q.errors == 0 and q.extra["sustained"]
 
 
+def test_a_closed_loop_window_opens_once_every_client_has_had_an_answer() -> None:
+    """Answers (0.5 s) that outlast the warm-up (0.1 s): the window waits for the first wave, so it
+    measures a steady state and requests sent inside it finish in it."""
+
+    async def run() -> generate_load.LoopResult:
+        runner = await _fake_server(tokens=5, gap_s=0.1)
+        try:
+            bodies = [chat_body(Prompt("x", 5), None)]
+            return await generate_load.closed_loop(_url(runner), bodies, 3, 0.1, 1.2, 10.0)
+        finally:
+            await runner.cleanup()
+
+    closed = asyncio.run(run())
+    first_wave = sorted(r.ended for r in closed.records if r.ended is not None)[:3]
+    assert closed.window[0] >= first_wave[-1] - 1e-6 > min(r.sent for r in closed.records) + 0.4
+    assert closed.window[1] == pytest.approx(closed.window[0] + 1.2)
+    p = summarize_closed("fake", 3, closed.records, closed.window)
+    assert p.requests >= 3 and p.ttft_p50_ms is not None and p.errors == 0
+
+
 def _config() -> dict:
     return {
         "applications": [

@@ -51,7 +51,7 @@ def _rec(
 def test_closed_point_counts_requests_ended_in_the_window_and_skips_those_cancelled() -> None:
     records = [
         _rec(0.0, 0.5, 1.5, 11),  # ended before the window
-        _rec(1.0, 2.1, 3.1, 11),  # ended inside, sent in the warm-up: counted, its TTFT is not
+        _rec(1.0, 2.1, 3.1, 11),  # sent in the warm-up, first chunk and end inside: counted, TTFT 1.1 s
         _rec(2.0, 2.3, 4.3, 21),  # inside: ttft 0.3 s, itl 0.1 s
         _rec(2.5, 3.0, 3.2, 3),  # inside: ttft 0.5 s, itl 0.1 s
         _rec(3.0, 3.5, 4.0, 5, error="HTTP 500"),  # inside, failed
@@ -62,8 +62,9 @@ def test_closed_point_counts_requests_ended_in_the_window_and_skips_those_cancel
     # streamed inside [2, 12]: 11 + 21 + 3 of those that ended, 9 of the one cancelled; not the failed one
     assert p.tokens_per_s == pytest.approx(4.4) and p.req_per_s == pytest.approx(0.3)
     assert p.extra["ended_tokens_per_s"] == pytest.approx(3.5)
-    # TTFT: sent inside the window, the one cut at the end too (0.3, 0.5, 0.5 s); not the failed one
-    assert p.ttft_p50_ms == pytest.approx(500.0) and p.ttft_p99_ms == pytest.approx(500.0)
+    # TTFT: first chunk inside the window, the one cut at the end too (1.1, 0.3, 0.5, 0.5 s); not the
+    # failed one, nor the first, whose first chunk came in the warm-up
+    assert p.ttft_p50_ms == pytest.approx(500.0) and p.ttft_p99_ms == pytest.approx(1082.0)
     assert p.itl_p50_ms == pytest.approx(100.0)
     assert p.mean_output_tokens == 11.7 and p.mean_prompt_tokens == 10.0  # (11 + 21 + 3) / 3
     assert p.error_examples == ["HTTP 500"]
