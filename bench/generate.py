@@ -164,7 +164,7 @@ def _write(run: stats.GenReport, out: Path, doc: Path | None, log: Callable[[str
     (out / "table.md").write_text(report.render(run, plot.name if plot else None))
     if doc is not None:
         text = doc.read_text() if doc.exists() else ""
-        rel = os.path.relpath(plot, doc.parent) if plot else None
+        rel = os.path.relpath(plot.resolve(), doc.resolve().parent) if plot else None
         doc.write_text(report.splice_doc(text, report.render(run, rel, level=3)))
     log("\n" + report.ratios_table(run.ratios))
     log(f"\nwrote {out / 'results.json'}, {out / 'table.md'}" + (f", {plot}" if plot else ""))
