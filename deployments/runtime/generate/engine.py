@@ -19,7 +19,6 @@ No Ray here: the ``Generator`` deployment wraps it.
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
@@ -44,14 +43,12 @@ from deployments.runtime.generate.sequence import (
     TokenEvent,
 )
 from deployments.runtime.generate.speculative import Proposer, speculative_step
-from deployments.user_config import PipelineConfig
+from deployments.runtime.generate.waiting import BATCH_TURN, Waiting
 
 log = logging.getLogger("textserve.generate")
 __all__ = ["BATCH_TURN", "Engine", "EngineFullError", "EngineStats", "Finish", "Sink", "TokenEvent"]
 
-# A waiting bulk request gets at least every BATCH_TURN-th admission: the encoders' guaranteed bulk share.
 _DEFAULTS = GenerationConfig()  # the engine's bounds: serve_config.yaml's generation section
-BATCH_TURN = max(1, round(1 / max(PipelineConfig().batch_min_share, 0.01)))
 
 
 class Engine:
@@ -71,13 +68,7 @@ class Engine:
         self._on_step = on_step  # (rows, seconds) of each decode step: metrics
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        # Waiting requests by their tenant's class: interactive ones are admitted first, but every
-        # BATCH_TURN-th admission goes to a waiting bulk one (it is never starved).
-        self._waiting: dict[Priority, collections.deque[Sequence]] = {
-            "interactive": collections.deque(),
-            "batch": collections.deque(),
-        }
-        self._since_batch = 0  # admissions since the last bulk one
+        self._waiting = Waiting()  # by the tenant's class: interactive first, bulk never starved
         self._prefilling: list[Sequence] = []
         self._in_pass = 1  # prompts in the prefill pass under way: the ones a failure of it fails
         self._packs = can_pack(model) and limits.prefill_pack_tokens > limits.prefill_chunk_tokens
@@ -117,9 +108,9 @@ class Engine:
                 f"{seq.reserve + self._spare} tokens do not fit the KV cache ({self.limits.kv_cache_tokens})"
             )
         with self._lock:
-            if self._queued() >= self.limits.max_waiting:
+            if len(self._waiting) >= self.limits.max_waiting:
                 raise EngineFullError(f"{self.limits.max_waiting} requests already wait")
-            self._waiting[priority].append(seq)
+            self._waiting.push(seq, priority)
         self._wake.set()
 
     def cancel(self, request_id: str) -> None:
@@ -129,7 +120,7 @@ class Engine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            waiting = self._queued() + len(self._prefilling)
+            waiting = len(self._waiting) + len(self._prefilling)
         active = self._running + self._prefilling
         return EngineStats(
             len(self._running),
@@ -214,10 +205,7 @@ class Engine:
             if not self._cancelled:
                 return
             gone, self._cancelled = self._cancelled, {}
-            dropped = []
-            for priority, queue in self._waiting.items():
-                dropped += [s for s in queue if s.request_id in gone]
-                self._waiting[priority] = collections.deque(s for s in queue if s.request_id not in gone)
+            dropped = self._waiting.remove(gone)
         dropped += [s for s in self._prefilling if s.request_id in gone]
         self._prefilling = [s for s in self._prefilling if s.request_id not in gone]
         rows = [i for i, s in enumerate(self._running) if s.request_id not in gone]
@@ -231,25 +219,14 @@ class Engine:
 
     def _admit(self) -> None:
         with self._lock:
-            while (queue := self._next_queue()) is not None:
-                seq = queue[0]
+            while (seq := self._waiting.head()) is not None:
                 active = self._running + self._prefilling + [seq]
                 if len(active) > self.limits.max_running:
                     return
                 # Rows are padded to the longest: reserve every row at the longest whole generation.
                 if self._reservation(active) > self.limits.kv_cache_tokens:
                     return
-                self._prefilling.append(queue.popleft())
-                self._since_batch = 0 if queue is self._waiting["batch"] else self._since_batch + 1
-
-    def _next_queue(self) -> collections.deque[Sequence] | None:
-        interactive, batch = self._waiting["interactive"], self._waiting["batch"]
-        if batch and (not interactive or self._since_batch >= BATCH_TURN - 1):
-            return batch
-        return interactive or None
-
-    def _queued(self) -> int:
-        return sum(len(q) for q in self._waiting.values())
+                self._prefilling.append(self._waiting.pop())
 
     def _prefill(self) -> None:
         budget = self.limits.prefill_chunk_tokens
