@@ -47,7 +47,7 @@ RUN pip install --no-deps -e .
 # model version in models/ (.dockerignore keeps local exports out), fp32 and fp16 (model.precision picks one),
 # then the preflight on both configs, whose models the cluster serves too: a model that does not check out fails
 # the build, not the rollout.
-RUN python -m deployments.repository.demo_models --no-onnx \
+RUN python -m deployments.tools.demo_models --no-onnx \
     && for dir in models/*/*/; do \
         if [ -f "${dir}manifest.json" ]; then \
             python -m deployments.runtime.export_onnx --model "${dir%/}" \

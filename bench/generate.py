@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def ensure_model(model_dir: Path | None, log: Callable[[str], None]) -> Path:
     """The model dir: the one given, or the bench model (``.bench/models/bench-gpt2-small/1``, or the
-    builder's ``gpt2-small``), built on first use with ``deployments.repository.demo_lm``."""
+    builder's ``gpt2-small``), built on first use with ``deployments.tools.demo_lm``."""
     if model_dir is not None:
         if not (model_dir / "config.json").is_file():
             raise SystemExit(f"error: no model in {model_dir}")
@@ -60,8 +60,8 @@ def ensure_model(model_dir: Path | None, log: Callable[[str], None]) -> Path:
     found = next((d for d in DEFAULT_MODEL_DIRS if (d / "config.json").is_file()), None)
     if found is not None:
         return found
-    log("building the bench model (python -m deployments.repository.demo_lm --preset gpt2-small) ...")
-    cmd = [sys.executable, "-m", "deployments.repository.demo_lm", "--preset", "gpt2-small"]
+    log("building the bench model (python -m deployments.tools.demo_lm --preset gpt2-small) ...")
+    cmd = [sys.executable, "-m", "deployments.tools.demo_lm", "--preset", "gpt2-small"]
     subprocess.run([*cmd, "--repository", str(WORK_DIR / "models")], cwd=ROOT, check=True, timeout=3600)
     found = next((d for d in DEFAULT_MODEL_DIRS if (d / "config.json").is_file()), None)
     if found is None:

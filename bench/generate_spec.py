@@ -2,7 +2,7 @@
 with its ``generation.speculative``, and the acceptance its metrics show.
 
 The pair (target ``demo-spec-target``, draft ``demo-spec-draft``) is built into ``.bench/models`` by
-``python -m deployments.repository.demo_pair --repository .bench/models`` on first use. The service's config
+``python -m deployments.tools.demo_pair --repository .bench/models`` on first use. The service's config
 is retargeted to the target (``bench.generate_systems.retarget_config``) and, for the second run, gets
 ``speculative: {method: draft, draft: {name: demo-spec-draft, version: "1"}, tokens: 4}`` in the generate
 application's ``args.generation`` (taken as opaque YAML: the service validates it).
@@ -84,15 +84,15 @@ def spec_config(
 
 
 def ensure_pair(repository: Path, log: Callable[[str], None]) -> tuple[Path, str]:
-    """The target's model dir (built with ``deployments.repository.demo_pair`` when missing), and '' or
+    """The target's model dir (built with ``deployments.tools.demo_pair`` when missing), and '' or
     why there is none."""
     target = repository / TARGET / "1"
     if (target / "config.json").is_file() and (repository / DRAFT / "1" / "config.json").is_file():
         return target, ""
-    if not (ROOT / "deployments" / "repository" / "demo_pair.py").is_file():
-        return target, "no deployments.repository.demo_pair to build the speculative pair with"
-    log("building the speculative pair (python -m deployments.repository.demo_pair) ...")
-    cmd = [sys.executable, "-m", "deployments.repository.demo_pair", "--repository", str(repository)]
+    if not (ROOT / "deployments" / "tools" / "demo_pair.py").is_file():
+        return target, "no deployments.tools.demo_pair to build the speculative pair with"
+    log("building the speculative pair (python -m deployments.tools.demo_pair) ...")
+    cmd = [sys.executable, "-m", "deployments.tools.demo_pair", "--repository", str(repository)]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0 or not (target / "config.json").is_file():
         return target, f"building the pair failed (exit {done.returncode}): {done.stderr[-400:]}"

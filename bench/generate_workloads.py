@@ -4,7 +4,7 @@
   no two share a prefix (a prefix cache has nothing to find); 64 new tokens.
 - ``shared-prefix``: a chat application's one system prompt of about 600 words, then a distinct user turn
   of about 20 words per request (seeded): only the system prompt is shared; 32 new tokens.
-- ``speculative``: prompts from the speculative pair's own corpus (``deployments.repository.demo_pair
+- ``speculative``: prompts from the speculative pair's own corpus (``deployments.tools.demo_pair
   .prompts`` where it exists, else like ``unique``), 64 new tokens; the service without and with its
   ``generation.speculative`` (``bench.generate_spec``), 1 and 8 clients.
 
@@ -149,11 +149,11 @@ def shared_prefix_prompts(
 
 
 def pair_prompts(n: int, seed: int, timeout_s: float = 300.0) -> list[str] | None:
-    """``deployments.repository.demo_pair.prompts(n, seed)``, in a child process (bench imports none of the
+    """``deployments.tools.demo_pair.prompts(n, seed)``, in a child process (bench imports none of the
     service's modules but its public surface), or None where it does not exist or fails."""
     code = (
         "import json, sys\n"
-        "from deployments.repository.demo_pair import prompts\n"
+        "from deployments.tools.demo_pair import prompts\n"
         "print(json.dumps([str(t) for t in prompts(int(sys.argv[1]), int(sys.argv[2]))]))"
     )
     try:
@@ -230,12 +230,12 @@ def build_workloads(
         elif name == SPECULATIVE:
             if spec_texts:
                 made = [Prompt(t, NEW_TOKENS[SPECULATIVE]) for t in spec_texts]
-                source = "deployments.repository.demo_pair.prompts"
+                source = "deployments.tools.demo_pair.prompts"
             else:
                 made = unique_prompts(
                     words, pool + CHECK_PROMPTS, seed + 2, NEW_TOKENS[SPECULATIVE], SPEC_FALLBACK_WORDS
                 )
-                source = "the corpus (no deployments.repository.demo_pair.prompts)"
+                source = "the corpus (no deployments.tools.demo_pair.prompts)"
             prompts, check = made[CHECK_PROMPTS:] or made, made[:CHECK_PROMPTS]
             out[name] = Workload(name, prompts, check, list(spec_concurrency), [], {"source": source})
         else:

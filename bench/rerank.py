@@ -30,8 +30,8 @@ from bench.cli import ROOT, WORK_DIR
 from bench.loadgen import Requests, Target, Timing, measure
 from bench.results import Point
 from bench.service import RayServeService, ServiceVariant
-from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.tools.corpus import build_corpus
+from deployments.tools.demo_models import DEMOS, VERSION, build
 
 CROSS = next(s for s in DEMOS if s.task == "rerank")
 RESULT_KEY = b'"relevance_score":'

@@ -33,13 +33,26 @@ class BatchingConfig(_Frozen):
         description="Padded tokens per forward pass (a longer sequence runs alone); on a GPU raise it to "
         "max_batch_tokens, on a CPU keep passes small.",
     )
-    # A maximum wait for the first request of a batch: a full batch leaves at once.
-    batch_wait_timeout_s: float = Field(default=0.005, ge=0.0, le=1.0)
+    batch_wait_timeout_s: float = Field(
+        default=0.005,
+        ge=0.0,
+        le=1.0,
+        description="While a batch is on the model, how long the next one may wait to fill (at most: a full "
+        "batch leaves at once); a group that finds the model idle never waits. Raise it when batches stay "
+        "small under load; lower it when latency under load matters more than throughput.",
+    )
     adaptive_wait: bool = Field(
         default=True, description="Shrink the wait when batches stay small, grow it when they hit the cap."
     )
-    min_wait_s: float = Field(default=0.0005, ge=0.0, le=1.0)
-    max_wait_s: float = Field(default=0.02, ge=0.0, le=1.0)
+    min_wait_s: float = Field(
+        default=0.0005, ge=0.0, le=1.0, description="The adaptive window's floor (adaptive_wait)."
+    )
+    max_wait_s: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="The adaptive window's ceiling (adaptive_wait): the longest a batch waits to fill.",
+    )
 
     @model_validator(mode="after")
     def _window_in_bounds(self) -> BatchingConfig:

@@ -2,8 +2,10 @@
 
 The one place a model's batches form. Batches are bounded by sequences and by padded tokens; inside a
 batch the runner sorts by length and cuts micro-batches. The wait window adapts to load, within configured
-bounds. A priority gate sits in front of the batch queue: interactive groups enter at once, bulk ones a few
-at a time (``pipeline/priority.py``), so interactive work never queues behind a backlog of bulk batches.
+bounds, and applies only while a batch is on the model: a group that finds the model idle goes at once, so
+the window is a maximum wait, never a minimum. A priority gate sits in front of the batch queue:
+interactive groups enter at once, bulk ones a few at a time (``pipeline/priority.py``), so interactive work
+never queues behind a backlog of bulk batches.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ class InferenceDeployment:
         )
         self._gpu = GpuMonitor()
         self._running = 0  # sequences in the batch on the model now
+        self._batches = 0  # batches in the handler now (on the model, or handing it their results)
         self._stats = {
             "batches": 0,
             "sequences": 0,
@@ -153,7 +156,7 @@ class InferenceDeployment:
         _ReplicaLimits.limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
         self._window = AdaptiveWaitWindow(config.batch_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._infer_batch.set_max_batch_size(config.max_batch_size)
-        self._infer_batch.set_batch_wait_timeout_s(config.batch_wait_timeout_s)
+        self._infer_batch.set_batch_wait_timeout_s(0.0)  # idle: set per call (_wait_for_company)
 
     def reconfigure(self, user_config: dict[str, Any]) -> None:
         self._apply(BatchingConfig.model_validate(user_config))
@@ -173,12 +176,22 @@ class InferenceDeployment:
         try:
             await self._gate.enter(priority)
             try:
+                self._infer_batch.set_batch_wait_timeout_s(self._wait_for_company())
                 return await self._infer_batch(queued)
             finally:
                 self._gate.leave(priority, queued.busy_s)
         finally:
             if not queued.started:  # cancelled (its client left) before its batch started
                 self._metrics.queue_changed(-queued.requests)
+
+    def _wait_for_company(self) -> float:
+        """The batch queue's window for the batch this call may start. ``@serve.batch`` waits out its
+        window for a batch under the cap, even alone: on an idle model that is pure delay, so the window is
+        0 there; with a batch on the model, a new one would wait for it anyway, so it may gather company
+        meanwhile, for at most the window. (Serve reads the window when a batch's first item is taken.)"""
+        if not self._batches:
+            return 0.0
+        return self._window.current_s if self._batching.adaptive_wait else self._batching.batch_wait_timeout_s
 
     def _same_tokenizer(self, member: EncodedTexts | ServiceError) -> EncodedTexts | ServiceError:
         if (
@@ -211,10 +224,12 @@ class InferenceDeployment:
         loop = asyncio.get_running_loop()
         running = sum(len(e) for g in groups for e in g if isinstance(e, EncodedTexts))
         self._running += running
+        self._batches += 1
         try:
             run = await loop.run_in_executor(self._executor, self._run_on_model_thread, groups)
         finally:
             self._running -= running
+            self._batches -= 1
         busy_s = time.perf_counter() - start
         for q in queued:
             q.busy_s = busy_s
@@ -248,9 +263,7 @@ class InferenceDeployment:
         stats["real_tokens"] += real_tokens
         stats["padded_tokens"] += padded_tokens
         if self._batching.adaptive_wait:
-            self._infer_batch.set_batch_wait_timeout_s(
-                self._window.observe(sequences, _ReplicaLimits.limits.max_sequences)
-            )
+            self._window.observe(sequences, _ReplicaLimits.limits.max_sequences)
 
     def batching(self) -> dict[str, Any]:
         """Settings in force, live state and counters; the pid shows reconfigure needs no restart."""

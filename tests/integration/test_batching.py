@@ -48,16 +48,17 @@ def batching(serve_harness):
 
 def test_wait_window_is_a_maximum_not_a_minimum(http, batching):
     batching(max_batch_size=4, batch_wait_timeout_s=0.9, adaptive_wait=False, min_wait_s=0.0, max_wait_s=1.0)
-    # Alone, a request waits out the (long) window for company...
+    # Alone on an idle model, a request does not wait out the (long) window for company...
     start = time.monotonic()
     assert http.post("/v1/embeddings", json={"input": "alone"}).status_code == 200
     alone_s = time.monotonic() - start
-    # ...but a full batch leaves at once: four texts in one request fill max_batch_size=4.
+    # ...and a full batch leaves at once: four texts in one request fill max_batch_size=4.
     start = time.monotonic()
     assert http.post("/v1/embeddings", json={"input": ["a", "b", "c", "d"]}).status_code == 200
     full_s = time.monotonic() - start
-    assert alone_s >= 0.7, alone_s  # the window is honoured as a bound...
-    assert full_s < 0.45, full_s  # ...and never a minimum (the 0.9 s wait would show here)
+    # The window applies only behind a running batch (unit: pipeline/test_inference_window.py).
+    assert alone_s < 0.45, alone_s
+    assert full_s < 0.45, full_s
 
 
 def test_token_budget_and_lone_oversized_items(http, batching, reference_model):

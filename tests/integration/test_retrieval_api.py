@@ -16,8 +16,8 @@ import pytest
 from ray import serve
 from transformers import AutoTokenizer
 
-from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.repository.manifest import load_manifest
+from deployments.tools.demo_models import DEMOS, VERSION, build
 from tests.integration.conftest import DEFAULT_MODEL, ROOT, ServeHarness, app_named, model_app, router_app
 from tests.integration.matrix import BULK_CLIENTS, LARGEST, fire, passes, rerank_body, rows, texts
 

@@ -16,7 +16,14 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "contracts": ("deployments", "preprocess", "postprocess", "bench", "torch", *_WEB),
     "preprocess": ("deployments", "bench", *_WEB),
     "postprocess": ("deployments", "bench", *_WEB),
-    "deployments/runtime": ("deployments.pipeline", "deployments.ingress", "bench"),
+    "deployments/runtime": ("deployments.pipeline", "deployments.ingress", "deployments.tools", "bench"),
+    "deployments/repository": (
+        "deployments.runtime",
+        "deployments.pipeline",
+        "deployments.ingress",
+        "deployments.tools",
+        "bench",
+    ),
     "deployments": ("bench",),
 }
 

@@ -12,10 +12,10 @@ import pytest
 from contracts.outputs import SparseRows
 from deployments.config import ModelConfig
 from deployments.pipeline.group_runner import OutputMaker
-from deployments.repository.demo_models import DEMOS, VERSION, build
 from deployments.repository.manifest import ResolvedModel
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.tools.demo_models import DEMOS, VERSION, build
 from postprocess.retrieval import rerank_scores
 from preprocess.prompts import rerank_job
 from preprocess.tokenize import TextTokenizer, encode_job

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deployments.repository import demo_lm
-from deployments.repository.demo_lm import DEMOS, FILES, GPT2_SMALL, VERSION, LMSpec, build, stale_reason
-from deployments.repository.demo_models import NOTICE
 from deployments.repository.manifest import ManifestError, load_manifest
 from deployments.repository.weights_check import check_weights
+from deployments.tools import demo_lm
+from deployments.tools.demo_lm import DEMOS, FILES, GPT2_SMALL, VERSION, LMSpec, build, stale_reason
+from deployments.tools.demo_models import NOTICE
 
 # The demos' architectures at a fraction of their size: the same code paths in well under a second.
 TINY = tuple(

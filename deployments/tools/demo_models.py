@@ -1,7 +1,7 @@
 """Build small demo models into the model repository, offline: random weights, fixed seed.
 
-    python -m deployments.repository.demo_models                   # into models/, skips what checks out
-    python -m deployments.repository.demo_models --repository /tmp/repo --force --no-onnx
+    python -m deployments.tools.demo_models                   # into models/, skips what checks out
+    python -m deployments.tools.demo_models --repository /tmp/repo --force --no-onnx
 
 Each demo is a 2-layer BERT with the tokenizer of the default model (all-MiniLM-L6-v2) copied in, so
 nothing is downloaded; its manifest is written in the schema the service checks (``manifest.py``),

@@ -1,8 +1,8 @@
 """Train a target and a draft causal LM for speculative decoding into the model repository, offline.
 
-    python -m deployments.repository.demo_pair                          # into models/, skips what checks out
-    python -m deployments.repository.demo_pair --repository .bench/models
-    python -m deployments.repository.demo_pair --repository /tmp/repo --force --steps 50
+    python -m deployments.tools.demo_pair                          # into models/, skips what checks out
+    python -m deployments.tools.demo_pair --repository .bench/models
+    python -m deployments.tools.demo_pair --repository /tmp/repo --force --steps 50
 
 ``demo-spec-target`` and ``demo-spec-draft`` are GPT-2s (``GPT2LMHeadModel``, fp32) trained here from fixed
 seeds on a synthetic corpus with real structure (``demo_pair_corpus``: counting, fixed sequences, facts about
@@ -36,16 +36,16 @@ from pathlib import Path
 from typing import Any
 
 from deployments.config import resolve_path
-from deployments.repository import demo_lm
-from deployments.repository.demo_lm import LMSpec
-from deployments.repository.demo_models import VERSION, _quiet
-from deployments.repository.demo_pair_corpus import chat, corpus, prompts
-from deployments.repository.demo_pair_train import agreement, step_ms, train
 from deployments.repository.manifest import read_json
+from deployments.tools import demo_lm
+from deployments.tools.demo_lm import LMSpec
+from deployments.tools.demo_models import VERSION, _quiet
+from deployments.tools.demo_pair_corpus import chat, corpus, prompts
+from deployments.tools.demo_pair_train import agreement, step_ms, train
 
 __all__ = ["DEFAULT", "PAIR", "Recipe", "build", "corpus", "main", "prompts", "stale_reason"]
 
-NOTICE = "trained in minutes on a synthetic corpus (deployments/repository/demo_pair_corpus.py): a demo model"
+NOTICE = "trained in minutes on a synthetic corpus (deployments/tools/demo_pair_corpus.py): a demo model"
 VOCAB = 768
 TARGET = LMSpec("demo-spec-target", "gpt2", VOCAB, 512, 8, 512, seed=21, layers=8)
 DRAFT = LMSpec("demo-spec-draft", "gpt2", VOCAB, 128, 4, 512, seed=22, layers=2)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from deployments.repository.demo_lm import LMSpec
+from deployments.tools.demo_lm import LMSpec
 
 THREADS = 2
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deployments.repository import demo_pair
-from deployments.repository.demo_lm import FILES, LMSpec
-from deployments.repository.demo_pair import DRAFT, PAIR, TARGET, Recipe, build, corpus, prompts, stale_reason
-from deployments.repository.demo_pair_corpus import KINDS_OF_DOC, chat, documents, world
 from deployments.repository.manifest import load_manifest
 from deployments.repository.weights_check import check_weights
+from deployments.tools import demo_pair
+from deployments.tools.demo_lm import FILES, LMSpec
+from deployments.tools.demo_pair import DRAFT, PAIR, TARGET, Recipe, build, corpus, prompts, stale_reason
+from deployments.tools.demo_pair_corpus import KINDS_OF_DOC, chat, documents, world
 
 TINY = (
     dataclasses.replace(TARGET, vocab=384, hidden=32, heads=2, positions=64, layers=2),

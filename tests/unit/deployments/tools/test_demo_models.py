@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from deployments.config import ModelConfig
-from deployments.repository import demo_models
-from deployments.repository.demo_models import DEMOS, VERSION, DemoSpec, build, stale_reason
 from deployments.repository.manifest import ManifestError, sha256_of
 from deployments.repository.resolve import resolve_model
 from deployments.runtime.backends import create_runner
+from deployments.tools import demo_models
+from deployments.tools.demo_models import DEMOS, VERSION, DemoSpec, build, stale_reason
 from preprocess.tokenize import TextTokenizer
 
 TEXTS = ["short", "a somewhat longer sentence with several more words in it", "Ünïcödé 日本語 🚀"]

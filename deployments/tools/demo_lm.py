@@ -1,8 +1,8 @@
 """Build small causal-LM models (task ``generate``) into the model repository, offline: random weights.
 
-    python -m deployments.repository.demo_lm                      # demo-gpt2-lm, demo-llama-lm into models/
-    python -m deployments.repository.demo_lm --repository /tmp/repo --force
-    python -m deployments.repository.demo_lm --preset gpt2-small --repository .bench/models
+    python -m deployments.tools.demo_lm                      # demo-gpt2-lm, demo-llama-lm into models/
+    python -m deployments.tools.demo_lm --repository /tmp/repo --force
+    python -m deployments.tools.demo_lm --preset gpt2-small --repository .bench/models
 
 The tokenizer is a byte-level BPE trained here, deterministically, on text that ships with Python: the
 ``pydoc_data.topics`` prose for the demos (4096 tokens; that text reaches 9196 at most), plus the standard
@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Literal
 
 from deployments.config import resolve_path
-from deployments.repository.demo_models import NOTICE, VERSION, _quiet, _write_json
 from deployments.repository.manifest import (
     ManifestError,
     load_manifest,
@@ -42,6 +41,7 @@ from deployments.repository.manifest import (
     weights_dir_of,
 )
 from deployments.repository.weights_check import check_weights
+from deployments.tools.demo_models import NOTICE, VERSION, _quiet, _write_json
 
 EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 CHAT_TEMPLATE = (
