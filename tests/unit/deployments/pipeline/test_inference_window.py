@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import pytest
-import ray.serve.batching
 
 from contracts.tokenized import TokenizeJob
 from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
@@ -32,14 +30,8 @@ def model(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture(autouse=True)
-def replica_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch queue reads its replica's max_ongoing_requests (for a warning) when it starts."""
-    context = SimpleNamespace(_deployment_config=SimpleNamespace(max_ongoing_requests=128))
-    monkeypatch.setattr(ray.serve.batching.serve, "get_replica_context", lambda: context)
-    # Serve makes the batch queue once per class (a replica holds one instance) on the loop of its first
-    # call: each test, on a loop of its own, needs a new one.
-    lazy = InferenceDeployment.func_or_class._infer_batch.set_max_batch_size.__self__
-    monkeypatch.setattr(lazy, "_queue", None)
+def _queue(serve_batch_queue: None) -> None:
+    """Serve's real batch queue (conftest.py)."""
 
 
 def _inference(model, max_batch_size: int) -> InferenceDeployment:
