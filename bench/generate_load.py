@@ -235,7 +235,7 @@ async def closed_loop(
     level whose answers outlast the warm-up would otherwise measure the first wave's prefill and no steady
     state, and no request sent inside the window would finish in it."""
     start = time.monotonic()
-    window = [start + warmup_s, start + warmup_s + duration_s]
+    window = (start + warmup_s, start + warmup_s + duration_s)
     records: list[StreamRecord] = []
     counter = iter(range(offset, offset + 10**9))
     cpu0 = time.process_time()
@@ -267,13 +267,13 @@ async def closed_loop(
         warm.set()
         now = time.monotonic()
         if now > window[0]:
-            window = [now, now + duration_s]
+            window = (now, now + duration_s)
         await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     span = max(1e-9, time.monotonic() - start)
-    return LoopResult(records, (window[0], window[1]), (time.process_time() - cpu0) / span)
+    return LoopResult(records, window, (time.process_time() - cpu0) / span)
 
 
 @dataclass

@@ -274,10 +274,7 @@ class Engine:
         active = [*self._running, *(s for s in self._prefilling if s is not seq), seq]
         if hit and self._reservation(active) + hit > self.limits.kv_cache_tokens:
             hit = 0
-        if self._shares:
-            self._batch.add(cache, len(seq.prompt), start, seq.prompt, hit)
-        else:
-            self._batch.add(cache, len(seq.prompt), start)
+        self._batch.add(cache, len(seq.prompt), start, seq.prompt if self._shares else None, hit)
         self._running.append(seq)
 
     def _pack(self, limit: int) -> list[Sequence]:
