@@ -24,6 +24,8 @@ import aiohttp
 from bench.openloop import drive, pick_bodies, poisson_schedule
 
 CANCELLED_AT_END = "cancelled at the end of the window"
+WINDOW_LIVES = 3  # a closed-loop window holds at least this many lives of its slowest first answer...
+MAX_WINDOW_S = 120.0  # ...up to this long
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,10 @@ async def closed_loop(
     ends; requests still out then are cancelled (the connection closes) and marked so. The window opens
     after ``warmup_s`` and once every client has had its first answer (or ``timeout_s`` later at most): a
     level whose answers outlast the warm-up would otherwise measure the first wave's prefill and no steady
-    state, and no request sent inside the window would finish in it."""
+    state, and no request sent inside the window would finish in it. It lasts ``duration_s``, or
+    ``WINDOW_LIVES`` times the slowest first answer where that is longer (at most ``MAX_WINDOW_S``): with a
+    fixed ``max_tokens`` a level's clients move in waves, and a window of one wave measures its phase (all
+    prefill, or all decode), not the level."""
     start = time.monotonic()
     window = (start + warmup_s, start + warmup_s + duration_s)
     records: list[StreamRecord] = []
@@ -241,10 +246,11 @@ async def closed_loop(
     cpu0 = time.process_time()
     warm = asyncio.Event()
     first_done = 0
+    longest_first = 0.0  # the slowest first answer's life, sent to stream end
     async with _session(concurrency, timeout_s) as session:
 
         async def client() -> None:
-            nonlocal first_done
+            nonlocal first_done, longest_first
             while time.monotonic() < window[1] or not warm.is_set():
                 i = next(counter) % len(bodies)
                 record = StreamRecord(sent=time.monotonic(), prompt=i)
@@ -256,6 +262,7 @@ async def closed_loop(
                     raise
                 if first_done < concurrency:
                     first_done += 1
+                    longest_first = max(longest_first, record.ended - record.sent)
                     if first_done == concurrency:
                         warm.set()
                 if record.error and record.ended - record.sent < 0.01:
@@ -265,9 +272,9 @@ async def closed_loop(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(warm.wait(), timeout_s)
         warm.set()
-        now = time.monotonic()
-        if now > window[0]:
-            window = (now, now + duration_s)
+        length = max(duration_s, min(MAX_WINDOW_S, WINDOW_LIVES * longest_first))
+        opens = max(window[0], time.monotonic())
+        window = (opens, opens + length)
         await asyncio.sleep(max(0.0, window[1] - time.monotonic()))
         for task in tasks:
             task.cancel()
