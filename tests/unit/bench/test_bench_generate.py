@@ -224,19 +224,24 @@ def test_closed_and_open_loop_against_a_fake_server() -> None:
     assert q.requests > 3 and q.errors == 0 and q.extra["sustained"]
 
 
-def test_a_closed_loop_window_opens_once_every_client_has_had_an_answer() -> None:
-    """Answers (0.5 s) that outlast the warm-up (0.1 s): the window waits for the first wave, so it
-    measures a steady state and requests sent inside it finish in it."""
+def _slow_answers(duration_s: float) -> generate_load.LoopResult:
+    """Three clients for ~0.5 s answers (5 tokens, 0.1 s apart), 0.1 s of warm-up, a ``duration_s`` window."""
 
     async def run() -> generate_load.LoopResult:
         runner = await _fake_server(tokens=5, gap_s=0.1)
         try:
             bodies = [chat_body(Prompt("x", 5), None)]
-            return await generate_load.closed_loop(_url(runner), bodies, 3, 0.1, 1.2, 10.0)
+            return await generate_load.closed_loop(_url(runner), bodies, 3, 0.1, duration_s, 10.0)
         finally:
             await runner.cleanup()
 
-    closed = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_closed_loop_window_opens_once_every_client_has_had_an_answer() -> None:
+    """Answers (0.5 s) that outlast the warm-up (0.1 s): the window waits for the first wave, so it
+    measures a steady state and requests sent inside it finish in it."""
+    closed = _slow_answers(1.2)
     first_wave = sorted(r.ended for r in closed.records if r.ended is not None)[:3]
     assert closed.window[0] >= first_wave[-1] - 1e-6 > min(r.sent for r in closed.records) + 0.4
     p = summarize_closed("fake", 3, closed.records, closed.window)
@@ -246,16 +251,7 @@ def test_a_closed_loop_window_opens_once_every_client_has_had_an_answer() -> Non
 def test_a_closed_loop_window_holds_several_lives_of_an_answer() -> None:
     """Answers of ~0.5 s and a 0.6 s window: a window of about one answer's life would measure one phase
     of a wave; it stretches to WINDOW_LIVES lives, so each client ends at least two answers inside it."""
-
-    async def run() -> generate_load.LoopResult:
-        runner = await _fake_server(tokens=5, gap_s=0.1)
-        try:
-            bodies = [chat_body(Prompt("x", 5), None)]
-            return await generate_load.closed_loop(_url(runner), bodies, 3, 0.1, 0.6, 10.0)
-        finally:
-            await runner.cleanup()
-
-    closed = asyncio.run(run())
+    closed = _slow_answers(0.6)
     lives = sorted(closed.records, key=lambda r: r.ended or 0.0)[:3]
     slowest = max(r.ended - r.sent for r in lives if r.ended is not None)
     length = closed.window[1] - closed.window[0]
