@@ -16,6 +16,8 @@ from deployments.repository.resolve import resolve_model
 from preprocess.tokenize import TextTokenizer
 from tests.support.models import build_classifier
 
+pytestmark = pytest.mark.usefixtures("serve_batch_queue")  # Serve's real batch queue (conftest.py)
+
 WINDOW_S = 0.9
 MODEL_S = 0.3  # how long the first batch holds the model
 
@@ -27,11 +29,6 @@ def model(tmp_path_factory: pytest.TempPathFactory):
     return resolve_model(
         ModelConfig(repository=str(repo), name="tiny-sentiment", task="classify", precision="fp32")
     )
-
-
-@pytest.fixture(autouse=True)
-def _queue(serve_batch_queue: None) -> None:
-    """Serve's real batch queue (conftest.py)."""
 
 
 def _inference(model, max_batch_size: int) -> InferenceDeployment:

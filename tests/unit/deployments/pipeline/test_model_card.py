@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from contracts.errors import InvalidRequestError, UnavailableError
+from contracts.outputs import ModelOutput
 from contracts.tokenized import TokenizeJob
 from deployments.config import ModelConfig, ObservabilityConfig, RuntimeConfig
 from deployments.pipeline.inference import InferenceDeployment
@@ -114,6 +115,6 @@ def test_inference_refuses_ids_made_by_another_tokenizer(versions, serve_batch_q
     error = InvalidRequestError("bad input")  # an earlier stage's error passes through untouched
     mine, refused, passed = asyncio.run(inference.infer([encoded, foreign, error], "batch", 0.4))
     assert inference._gate.scheduler.policy.batch_min_share == 0.4  # the pipeline's setting, as it sent it
-    assert not isinstance(mine, Exception) and passed is error
+    assert isinstance(mine, ModelOutput) and mine.token_count == encoded.token_count and passed is error
     assert isinstance(refused, UnavailableError) and "changing versions" in str(refused)
     assert batched[0][0] is encoded and isinstance(batched[0][1], UnavailableError)
