@@ -131,6 +131,13 @@ class PipelineConfig(_Frozen):
         "them). Lower it when the Model replica's CPU is the bottleneck; raise it when the stages' hops show "
         "in the latency of mid-sized requests.",
     )
+    inference_link: bool = Field(
+        default=True,
+        description="Send groups to an Inference replica on this node over a Unix socket instead of Serve's "
+        "handle (deployments/link/; the handle still carries them while any replica runs on another node). "
+        "Turn it off to compare the two, or where Inference autoscales with a policy other than "
+        "deployments.link.autoscaling's, which counts the groups that came this way.",
+    )
     float_decimals: int | None = Field(
         default=6, ge=0, le=9, description="Round JSON floats to this many decimals; null keeps all."
     )

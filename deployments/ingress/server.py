@@ -219,15 +219,11 @@ class Ingress:
     async def _call_model(self, model: str, request: ModelRequest) -> SerializedResponse | ServiceError:
         """``Model.run`` in the model's pipeline: over the link to a replica on this node while it has one
         under the link's cap, else by Serve's handle (any node; Serve's replica choice and queue bounds)."""
-        replica = self._link.pick(model)
-        if replica is not None:
-            reply = await self._link.call(replica, request)
-            if reply is not None:
-                model_call("link")
-                if reply.error is not None:
-                    raise RuntimeError(f"the pipeline raised: {reply.error}")
-                answer: SerializedResponse | ServiceError = reply.answer
-                return answer
+        reply = await self._link.try_call(model, request)
+        if reply is not None:
+            model_call("link")
+            answer: SerializedResponse | ServiceError = reply.result()
+            return answer
         model_call("handle")
         response = self.handle(model, MODEL).run.remote(request)
         try:

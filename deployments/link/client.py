@@ -109,6 +109,12 @@ class LinkClient:
         live = [r for r in local if not r.gone and r.in_flight < self.max_in_flight and r.path.name in carded]
         return min(live, key=lambda r: r.in_flight) if live else None
 
+    async def try_call(self, app: str, request: Any) -> LinkReply | None:
+        """The reply of a local replica of ``app`` (a link key); None when none takes the request: the caller
+        sends it by Serve's handle."""
+        replica = self.pick(app)
+        return None if replica is None else await self.call(replica, request)
+
     async def call(self, replica: LocalReplica, request: Any) -> LinkReply | None:
         """The pipeline's reply; None when the request did not reach a live pipeline (nothing ran: the
         caller sends it by the handle). Raises ``LinkBroken`` when the replica died with it."""

@@ -37,6 +37,13 @@ class LinkReply:
     refused: bool = False
     error: str | None = None
 
+    def result(self) -> Any:
+        """The answer; a pipeline that raised is an internal error of the caller's (as a stage that failed
+        as a whole)."""
+        if self.error is not None:
+            raise RuntimeError(f"the replica raised: {self.error}")
+        return self.answer
+
 
 def link_dir(node_id: str, root: Path | None = None) -> Path:
     """This user's sockets on this Ray node (a second Ray cluster on the host has another node id)."""
@@ -49,8 +56,14 @@ def this_node_dir() -> Path:
     return link_dir(ray.get_runtime_context().get_node_id())
 
 
+def link_key(app: str, deployment: str | None = None) -> str:
+    """What a link's sockets are named by: the application for its ingress (``Model``, which the router
+    calls), the application and deployment for a deployment inside it (``Inference``: ``Model`` calls it)."""
+    return app if deployment is None else f"{app}/{deployment}"
+
+
 def app_prefix(app: str) -> str:
-    """A model application's socket names start with this (a hash: application names may be long)."""
+    """A link key's socket names start with this (a hash: application names may be long)."""
     return hashlib.sha1(app.encode(), usedforsecurity=False).hexdigest()[:12] + "-"
 
 

@@ -23,6 +23,7 @@ from ray.serve.exceptions import RayServeException
 
 from deployments.link.frames import (
     LinkReply,
+    link_key,
     make_private_dir,
     read_frame,
     socket_path,
@@ -32,6 +33,10 @@ from deployments.link.frames import (
 )
 
 log = logging.getLogger("textserve.link")
+
+# How long a stopping replica waits for the requests its link brought (Serve waits only for its own), within
+# Serve's graceful_shutdown_timeout_s (20 s unless a deployment sets it).
+LINK_DRAIN_S = 15.0
 
 Handler = Callable[[Any], Awaitable[Any]]
 
@@ -47,13 +52,15 @@ class LinkServer:
         self._idle = asyncio.Event()
 
     @classmethod
-    def for_replica(cls, handler: Handler) -> LinkServer | None:
-        """The server of the Serve replica this runs in; None outside one (a unit test)."""
+    def for_replica(cls, handler: Handler, by_deployment: bool = False) -> LinkServer | None:
+        """The server of the Serve replica this runs in; None outside one (a unit test). ``by_deployment``:
+        named by application and deployment (a deployment other than the application's ingress)."""
         try:
             context = serve.get_replica_context()
         except RayServeException:
             return None
-        path = socket_path(this_node_dir(), context.app_name, context.replica_id.unique_id)
+        key = link_key(context.app_name, context.deployment if by_deployment else None)
+        path = socket_path(this_node_dir(), key, context.replica_id.unique_id)
         return cls(path, handler) if path is not None else None
 
     def start(self) -> None:

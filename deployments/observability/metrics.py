@@ -154,6 +154,20 @@ def tenant_input_tokens(tenant: str, tokens: int) -> None:
         counter.inc(tokens, tags={"tenant": tenant})
 
 
+@functools.cache
+def _inference_calls() -> metrics.Counter:
+    return metrics.Counter(
+        "inference_calls_total",
+        description="A model pipeline's calls to its Inference deployment, by transport (link or handle).",
+        tag_keys=("transport",),
+    )
+
+
+def inference_call(transport: str) -> None:
+    """One pipeline call (a group) to the model's Inference, by how it went: ``link`` or ``handle``."""
+    _inference_calls().inc(tags={"transport": transport})
+
+
 def model_call(transport: str) -> None:
     """One router call to a model's pipeline, by how it went: ``link`` (a Unix socket to a replica on this
     node) or ``handle`` (Serve's). Serve's own per-deployment counters see only the second."""

@@ -14,8 +14,9 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -25,9 +26,12 @@ from contracts.errors import ServiceError, UnavailableError
 from contracts.outputs import ModelIdentity
 from contracts.tokenized import EncodedTexts, Priority
 from deployments.config import ObservabilityConfig, RuntimeConfig
+from deployments.link.autoscaling import LINK_ONGOING
+from deployments.link.server import LINK_DRAIN_S, LinkServer
 from deployments.observability.metrics import GpuMonitor, InferenceMetrics
 from deployments.observability.profiling import BatchProfiler
 from deployments.observability.setup import setup_replica
+from deployments.pipeline.batch_queue import QueuedGroup, ReplicaLimits, batch_size
 from deployments.pipeline.group_runner import (
     Answers,
     Group,
@@ -49,39 +53,6 @@ log = logging.getLogger("textserve.inference")
 _DEFAULTS = BatchingConfig()
 _BULK_SHARE = PipelineConfig().batch_min_share  # until the pipeline's first call says otherwise
 FAULT_INJECTION_ENV = "TEXTSERVE_FAULT_INJECTION"
-
-
-class _ReplicaLimits:
-    """``@serve.batch``'s ``batch_size_fn`` is a plain function, so the limits it reads live here.
-    Ray Serve runs one replica per process, so this is per replica; ``reconfigure`` updates it."""
-
-    limits = BatchLimits(_DEFAULTS.max_batch_size, _DEFAULTS.max_batch_tokens)
-
-
-@dataclass(slots=True, eq=False)
-class QueuedGroup:
-    """A group waiting in this replica's batch queue (in-process only)."""
-
-    group: Group
-    arrived_s: float  # perf_counter, for the queue-wait metric
-    arrived_ns: int  # epoch ns, for trace spans (shared clock across processes)
-    started: bool = False
-    busy_s: float = 0.0  # the model time of the batch it ran in
-
-    @property
-    def requests(self) -> int:
-        return sum(isinstance(e, EncodedTexts) for e in self.group)
-
-
-def batch_size(queued: list[QueuedGroup]) -> int:
-    limits = _ReplicaLimits.limits
-    groups = [q.group for q in queued]
-    encoded = [e for group in groups for e in group if isinstance(e, EncodedTexts)]
-    if not encoded:
-        return 1
-    size = limits.size_of(sum(len(e) for e in encoded), max(e.longest for e in encoded))
-    # A lone group over the budget must still run (alone), never be refused by the batch queue.
-    return min(size, limits.max_sequences) if len(groups) == 1 else size
 
 
 # Each call is a group of requests from the model's pipeline; its batch queue holds up to
@@ -140,6 +111,10 @@ class InferenceDeployment:
             "padded_tokens": 0,
             "isolated_failures": 0,
         }
+        # The pipeline's groups from this node come over a Unix socket (pipeline/inference_calls.py).
+        self._link = LinkServer.for_replica(self._from_link, by_deployment=True)
+        if self._link is not None:
+            self._link.start()  # Serve runs the constructor on the replica's event loop
         log.info(
             "model %s v%s ready: %s %s %s on %s",
             manifest.name,
@@ -150,10 +125,31 @@ class InferenceDeployment:
             self._runner.device_name,
         )
 
+    def __del__(self) -> Coroutine[Any, Any, None] | None:
+        # As the pipeline's (model.py): Serve awaits what this returns, once its own requests have drained.
+        link, self._link = getattr(self, "_link", None), None
+        return link.close(LINK_DRAIN_S) if link is not None else None
+
+    def link_name(self) -> str | None:
+        """This replica's socket (the pipeline uses it while this card keeps coming by Serve's handle)."""
+        if self._link is None:
+            return None
+        self._link.start()
+        return self._link.path.name
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """The groups in this replica that came over the link, which Serve's own count misses; the
+        autoscaling policy adds them (deployments/link/autoscaling.py)."""
+        return {LINK_ONGOING: float(self._link.in_flight if self._link is not None else 0)}
+
+    async def _from_link(self, request: tuple[Group, Priority, float]) -> Answers:
+        group, priority, batch_min_share = request
+        return await self.infer(group, priority, batch_min_share)
+
     def _apply(self, config: BatchingConfig) -> None:
         self._batching = config
         self._limits = BatchLimits(config.micro_batch_size, config.micro_batch_tokens)
-        _ReplicaLimits.limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
+        ReplicaLimits.limits = BatchLimits(config.max_batch_size, config.max_batch_tokens)
         self._window = AdaptiveWaitWindow(config.batch_wait_timeout_s, config.min_wait_s, config.max_wait_s)
         self._infer_batch.set_max_batch_size(config.max_batch_size)
         self._infer_batch.set_batch_wait_timeout_s(0.0)  # idle: set per call (_wait_for_company)
@@ -263,7 +259,7 @@ class InferenceDeployment:
         stats["real_tokens"] += real_tokens
         stats["padded_tokens"] += padded_tokens
         if self._batching.adaptive_wait:
-            self._window.observe(sequences, _ReplicaLimits.limits.max_sequences)
+            self._window.observe(sequences, ReplicaLimits.limits.max_sequences)
 
     def batching(self) -> dict[str, Any]:
         """Settings in force, live state and counters; the pid shows reconfigure needs no restart."""
@@ -272,7 +268,7 @@ class InferenceDeployment:
             **self._batching.model_dump(),
             "current_wait_s": self._window.current_s,
             "current_cap": self._runner.cap.current,
-            "batch_queue_limits": [_ReplicaLimits.limits.max_sequences, _ReplicaLimits.limits.max_tokens],
+            "batch_queue_limits": [ReplicaLimits.limits.max_sequences, ReplicaLimits.limits.max_tokens],
             "padding_efficiency": self._stats["real_tokens"] / padded if padded else 1.0,
             **self._stats,
             "backend": self._runner.backend,

@@ -15,14 +15,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from contracts.errors import DeadlineExceededError, ModelNotFoundError, ServiceError
 from contracts.outputs import ModelIdentity, SerializedResponse
 from contracts.tokenized import EncodedTexts, TokenizeJob
 from deployments.config import ObservabilityConfig
-from deployments.link.server import LinkServer
+from deployments.link.server import LINK_DRAIN_S, LinkServer
 from deployments.observability.setup import setup_replica
 from deployments.pipeline.card import LaneCard, ModelCard, Role
+from deployments.pipeline.inference_calls import InferenceCalls
 from deployments.pipeline.priority import Priority, PriorityPolicy
 from deployments.pipeline.remote_errors import as_service_error
 from deployments.pipeline.request_group import ModelRequest, PipelineJob, RequestGroup
@@ -34,8 +36,6 @@ from deployments.user_config import PipelineConfig
 from preprocess.tokenize import TokenDetails
 
 READY_TIMEOUT_S = 5.0
-# How long a stopping replica waits for the requests the link brought (Serve waits only for its own).
-LINK_DRAIN_S = 15.0
 # Groups in flight at once, so the stages overlap (one group infers while the next tokenizes); bulk groups
 # take at most one of them, so the other is always there for interactive work.
 MAX_GROUPS_IN_FLIGHT = 2
@@ -108,15 +108,24 @@ class ModelDeployment:
             max_batch_cost=_DEFAULTS.max_group_inputs,
         )
         # The router's requests from this node come over a Unix socket (deployments/link/), the others
-        # by Serve's handle; both end in run().
+        # by Serve's handle; both end in run(). The calls to Inference go the same way.
         self._link = LinkServer.for_replica(self.run)
+        inference = {v.version: v.inference for v in versions}
+        self._inference = InferenceCalls(inference, _DEFAULTS.inference_link, _app_name())
+        self._start_links()  # Serve runs the constructor on the replica's event loop
+
+    def _start_links(self) -> None:
         if self._link is not None:
-            self._link.start()  # Serve runs the constructor on the replica's event loop
+            self._link.start()
+        self._inference.start()
 
     def __del__(self) -> Coroutine[Any, Any, None] | None:
         # Serve calls this once its own requests have drained, and awaits what it returns: the link's
         # requests may still be running. (A coroutine, not an async __del__: garbage collection calls it
         # too, outside Serve, and must not leave one unawaited.)
+        inference = getattr(self, "_inference", None)
+        if inference is not None:
+            inference.stop()
         link, self._link = getattr(self, "_link", None), None
         return link.close(LINK_DRAIN_S) if link is not None else None
 
@@ -126,6 +135,7 @@ class ModelDeployment:
         self._groups.max_batch_cost = self._config.max_group_inputs
         self._groups.wait_s = self._config.group_wait_timeout_s
         self._groups.scheduler.policy = _priorities(self._config)
+        self._inference.use_link = self._config.inference_link
 
     def card(self) -> ModelCard:
         share = self._config.candidate_share if len(self._order) > 1 else 0.0
@@ -139,8 +149,7 @@ class ModelDeployment:
 
     async def ready(self) -> list[ModelIdentity]:
         """Answers once every served version has an inference replica with its model loaded."""
-        if self._link is not None:
-            self._link.start()
+        self._start_links()
         calls = [self._versions[v].inference.ready.remote() for v in self._order]
         try:
             return list(await asyncio.wait_for(asyncio.gather(*calls), READY_TIMEOUT_S))
@@ -213,8 +222,9 @@ class ModelDeployment:
                 encoded = await group.sending(served.tokenizer.encode.remote(tokenize))
             outputs: list[Any] = group.keep_live(encoded, _GONE)
             if any(isinstance(e, EncodedTexts) for e in outputs):
-                call = served.inference.infer.remote(outputs, priority, self._config.batch_min_share)
-                outputs = group.keep_live(await group.sending(call), _GONE)
+                share = self._config.batch_min_share
+                answers = await self._inference.infer(version, group, outputs, priority, share)
+                outputs = group.keep_live(answers, _GONE)
             if all(isinstance(o, ServiceError) for o in outputs):
                 return outputs
             if inline:
@@ -243,3 +253,11 @@ def _inputs(job: PipelineJob) -> int:
 def _priorities(config: PipelineConfig) -> PriorityPolicy:
     """Bulk groups take at most one of the slots: the other is always there for interactive ones."""
     return PriorityPolicy(batch_slots=MAX_GROUPS_IN_FLIGHT - 1, batch_min_share=config.batch_min_share)
+
+
+def _app_name() -> str | None:
+    """This replica's application; None outside Serve (unit tests), where nothing listens."""
+    try:
+        return serve.get_replica_context().app_name
+    except RayServeException:
+        return None

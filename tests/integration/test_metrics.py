@@ -240,18 +240,30 @@ def test_rejected_total_is_tagged_by_reason(observed: Observed) -> None:
 def test_the_router_reaches_its_local_pipeline_over_the_link(observed: Observed) -> None:
     # One node: the model's pipeline replica is local, so the router's calls go over the Unix socket
     # (deployments/link/), not Serve's handle, once the replica's card has come (within a second).
-    def moved(transport: str) -> float:
-        def total(scrape: Scrape) -> float:
-            return sum(
-                s.value
-                for s in scrape.samples["ray_model_calls_total"]
-                if s.labels.get("transport") == transport
-            )
-
-        return total(observed.after) - total(observed.before)
-
-    link, handle = moved("link"), moved("handle")
+    link, handle = (
+        _moved(observed, "ray_model_calls_total", "link"),
+        _moved(observed, "ray_model_calls_total", "handle"),
+    )
     assert link > 0 and link > handle, f"link {link}, handle {handle}; {_context(observed)}"
+
+
+def test_the_pipeline_reaches_its_local_inference_over_the_link(observed: Observed) -> None:
+    # One node: the model's Inference replica is local too, so the pipeline's groups go over its Unix socket
+    # (pipeline/inference_calls.py) once its card has come.
+    link, handle = (
+        _moved(observed, "ray_inference_calls_total", "link"),
+        _moved(observed, "ray_inference_calls_total", "handle"),
+    )
+    assert link > 0 and link > handle, f"link {link}, handle {handle}; {_context(observed)}"
+
+
+def _moved(observed: Observed, metric: str, transport: str) -> float:
+    """How much ``metric`` grew for ``transport`` over the observed traffic."""
+
+    def total(scrape: Scrape) -> float:
+        return sum(s.value for s in scrape.samples[metric] if s.labels.get("transport") == transport)
+
+    return total(observed.after) - total(observed.before)
 
 
 def test_model_info_names_the_served_model(observed: Observed, serve_harness: Any) -> None:

@@ -41,6 +41,7 @@ SERVICE_METRICS: dict[str, str] = {
     "ray_tenant_requests_total": COUNTER,  # tenant (its name; "anonymous" without keys), status_code
     "ray_tenant_input_tokens_total": COUNTER,  # tenant
     "ray_model_calls_total": COUNTER,  # transport ("link": a Unix socket to a local replica; "handle")
+    "ray_inference_calls_total": COUNTER,  # transport: the pipeline's calls to Inference, as above
     "ray_gpu_utilization_percent": GAUGE,  # device; absent without a GPU
     "ray_gpu_memory_used_bytes": GAUGE,  # device; absent without a GPU
     "ray_model_info": GAUGE,  # = 1; model, version, backend, device

@@ -257,6 +257,8 @@ def _realistic_series() -> list[tuple[str, dict[str, str], str]]:
         out.append(("ray_model_info", {**inference, **info}, GAUGE))
         out.append(("ray_gpu_utilization_percent", {**inference, "device": str(i)}, GAUGE))
         out.append(("ray_gpu_memory_used_bytes", {**inference, "device": str(i)}, GAUGE))
+        for transport in ("link", "handle"):
+            out.append(("ray_inference_calls_total", {**tags["Model"], "transport": transport}, COUNTER))
         out.append(("ray_tokenize_ms", tags["Tokenizer"], HISTOGRAM))
         out.append(("ray_serialize_ms", tags["Serializer"], HISTOGRAM))
     for i, app in enumerate(GENERATION_APPLICATIONS):

@@ -7,7 +7,7 @@ import pytest
 
 from contracts.errors import InputTooLongError
 from contracts.tokenized import EncodedTexts
-from deployments.pipeline.inference import QueuedGroup, _ReplicaLimits, batch_size
+from deployments.pipeline.batch_queue import QueuedGroup, ReplicaLimits, batch_size
 from deployments.runtime.batching import (
     AdaptiveBatchCap,
     AdaptiveWaitWindow,
@@ -63,7 +63,7 @@ def _queued(*groups: list) -> list[QueuedGroup]:
 
 
 def test_batch_size_fn_bounds_requests_and_never_refuses_a_lone_item():
-    _ReplicaLimits.limits = BatchLimits(max_sequences=8, max_tokens=256)
+    ReplicaLimits.limits = BatchLimits(max_sequences=8, max_tokens=256)
     try:
         # Items are groups of requests (one ingress call each); failed members count for nothing.
         assert batch_size(_queued([_encoded(3, 4)])) == 2
@@ -72,7 +72,7 @@ def test_batch_size_fn_bounds_requests_and_never_refuses_a_lone_item():
         assert batch_size(_queued([_encoded(300)])) == 8  # one sequence over the token budget: runs alone
         assert batch_size(_queued([InputTooLongError("too long")])) == 1  # nothing to run, still leaves
     finally:
-        _ReplicaLimits.limits = BatchLimits(32, 8192)
+        ReplicaLimits.limits = BatchLimits(32, 8192)
 
 
 def test_wait_window_shrinks_at_low_fill_and_grows_at_cap_within_bounds():

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from deployments.link.autoscaling import POLICY_PATH
 from deployments.tools.k8s_manifest import (
     BASE,
     GENERATE_CONFIG,
@@ -280,13 +281,15 @@ def test_a_changed_serve_config_needs_only_a_rewrite(project: Path, select: list
     (cluster_app,) = [a for a in serve["applications"] if a["name"] == app["name"]]
     assert cluster_app["args"]["model"]["version"] == "2"
     (remote,) = [d for d in cluster_app["deployments"] if d["name"] == "Inference"]
-    # The local autoscaling settings travel; the overlay raises only the ceiling (and fills in the delays).
+    # The local autoscaling settings travel; the overlay raises the ceiling, sets the policy that counts the
+    # link's groups, and fills in the delays.
     assert remote["autoscaling_config"] == {
         "min_replicas": 1,
         "max_replicas": 8,
         "target_ongoing_requests": 4,
         "upscale_delay_s": 10,
         "downscale_delay_s": 120,
+        "policy": {"policy_function": POLICY_PATH},
     }
 
 
