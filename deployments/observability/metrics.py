@@ -138,15 +138,6 @@ def _tenant_tokens() -> metrics.Counter:
     )
 
 
-@functools.cache
-def _model_calls() -> metrics.Counter:
-    return metrics.Counter(
-        "model_calls_total",
-        description="Router calls to a model's pipeline, by transport (link or handle).",
-        tag_keys=("transport",),
-    )
-
-
 def tenant_input_tokens(tenant: str, tokens: int) -> None:
     """Input tokens a tenant's answered requests used (what its tokens/min limit counts)."""
     counter = _tenant_tokens()
@@ -154,8 +145,16 @@ def tenant_input_tokens(tenant: str, tokens: int) -> None:
         counter.inc(tokens, tags={"tenant": tenant})
 
 
+# Calls between replicas by transport: ``link`` (a Unix socket to a replica on this node) or ``handle``
+# (Serve's). Serve's own per-deployment counters see only the second.
 @functools.cache
-def _inference_calls() -> metrics.Counter:
+def _calls(callee: str) -> metrics.Counter:
+    if callee == "model":
+        return metrics.Counter(
+            "model_calls_total",
+            description="Router calls to a model's pipeline, by transport (link or handle).",
+            tag_keys=("transport",),
+        )
     return metrics.Counter(
         "inference_calls_total",
         description="A model pipeline's calls to its Inference deployment, by transport (link or handle).",
@@ -163,15 +162,14 @@ def _inference_calls() -> metrics.Counter:
     )
 
 
-def inference_call(transport: str) -> None:
-    """One pipeline call (a group) to the model's Inference, by how it went: ``link`` or ``handle``."""
-    _inference_calls().inc(tags={"transport": transport})
-
-
 def model_call(transport: str) -> None:
-    """One router call to a model's pipeline, by how it went: ``link`` (a Unix socket to a replica on this
-    node) or ``handle`` (Serve's). Serve's own per-deployment counters see only the second."""
-    _model_calls().inc(tags={"transport": transport})
+    """One router call to a model's pipeline, by how it went (``link`` or ``handle``)."""
+    _calls("model").inc(tags={"transport": transport})
+
+
+def inference_call(transport: str) -> None:
+    """One pipeline call (a group) to the model's Inference, by how it went (``link`` or ``handle``)."""
+    _calls("inference").inc(tags={"transport": transport})
 
 
 class GaugeRefresher:
