@@ -33,13 +33,16 @@ def batching(serve_harness):
             deployment_named(app, "Model").setdefault("user_config", {})["inline_chars"] = 0
 
         serve_harness.apply(serve_harness.config(mutate))
+        # Applied, and the model idle: an earlier test's abandoned request may still hold a batch on it (its
+        # pass runs to the end), and these tests start from an idle model.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             state = _inference().batching.remote().result(timeout_s=30)
-            if all(state[k] == v for k, v in user_config.items()):
+            idle = state["running"] == 0 and state["waiting"] == 0
+            if idle and all(state[k] == v for k, v in user_config.items()):
                 return state
             time.sleep(0.3)
-        raise TimeoutError(f"user_config {user_config} never applied")
+        raise TimeoutError(f"user_config {user_config} never applied, or the model never went idle")
 
     yield apply
     serve_harness.apply(serve_harness.config())
