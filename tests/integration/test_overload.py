@@ -92,25 +92,31 @@ def test_with_no_ingress_replica_haproxy_answers_the_service_503(serve_harness, 
     """HAProxy's own answer when no server of the router's backend can take a request (the ingress replica and
     Ray's fallback proxy both down: here put in maintenance through HAProxy's admin socket, for a moment):
     the service's JSON 503 + Retry-After, not Ray's text/plain 500 (deployments/ingress/haproxy/haproxy)."""
-    config = _haproxy_file(serve_harness, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC").read_text()
     backend = "http-textserve"  # the router's application, at "/"
-    section = itertools.takewhile(
-        lambda line: line.startswith(" "), config.split(f"backend {backend}\n", 1)[1].splitlines()
-    )
-    servers = [line.split()[1] for line in section if line.split()[:1] == ["server"]]
-    assert servers, config
     admin = _haproxy_file(serve_harness, "RAY_SERVE_HAPROXY_SOCKET_PATH")
-    try:
-        for server in servers:
-            _admin(admin, f"set server {backend}/{server} state maint")
-        # A new connection: one the session's client kept alive may belong to an HAProxy process that an
-        # earlier reload (a test app deployed or removed) replaced, which this admin socket does not reach.
-        resp = httpx.post(
-            f"{serve_harness.url}/v1/embeddings", json={"input": "nobody to take it"}, timeout=30
+    # An HAProxy reload between the maintenance command and the request (Serve reloads it when a test app is
+    # deployed or removed) hands the request to a new process whose servers are ready: try again, at most 3
+    # times. Any answer other than 200 or 503 fails at once below.
+    for _ in range(3):
+        config = _haproxy_file(serve_harness, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC").read_text()
+        section = itertools.takewhile(
+            lambda line: line.startswith(" "), config.split(f"backend {backend}\n", 1)[1].splitlines()
         )
-    finally:
-        for server in servers:
-            _admin(admin, f"set server {backend}/{server} state ready")
+        servers = [line.split()[1] for line in section if line.split()[:1] == ["server"]]
+        assert servers, config
+        try:
+            for server in servers:
+                _admin(admin, f"set server {backend}/{server} state maint")
+            # A new connection: one the session's client kept alive may belong to an HAProxy process that an
+            # earlier reload replaced, which this admin socket does not reach.
+            resp = httpx.post(
+                f"{serve_harness.url}/v1/embeddings", json={"input": "nobody to take it"}, timeout=30
+            )
+        finally:
+            for server in servers:
+                _admin(admin, f"set server {backend}/{server} state ready")
+        if resp.status_code != 200:
+            break
     assert resp.status_code == 503, resp.text
     assert resp.headers["content-type"] == "application/json"
     assert resp.headers["retry-after"] == "1"
