@@ -71,9 +71,9 @@ class InferenceCalls:
     ) -> list[Any]:
         """One group's inference; ``group`` cancels the call in flight when every member has left."""
         request = (encoded, priority, batch_min_share)
-        if self.use_link:
-            call = asyncio.ensure_future(self._link.try_call(self._keys[version], request))
-            reply = await group.sending(call)
+        replica = self._link.pick(self._keys[version]) if self.use_link else None
+        if replica is not None:  # a task only for a call that goes over the link (it may be cancelled)
+            reply = await group.sending(asyncio.ensure_future(self._link.call(replica, request)))
             if reply is not None:
                 inference_call("link")
                 answers: list[Any] = reply.result()
