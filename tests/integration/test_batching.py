@@ -51,6 +51,9 @@ def batching(serve_harness):
 
 def test_wait_window_is_a_maximum_not_a_minimum(http, batching):
     batching(max_batch_size=4, batch_wait_timeout_s=0.9, adaptive_wait=False, min_wait_s=0.0, max_wait_s=1.0)
+    # inline_chars 0 sends groups through the Tokenizer and Serializer replicas: their handles' first call in
+    # this pipeline replica finds the replicas (test_first_request.py covers it); this test times the window.
+    assert http.post("/v1/embeddings", json={"input": "first"}).status_code == 200
     # Alone on an idle model, a request does not wait out the (long) window for company...
     start = time.monotonic()
     assert http.post("/v1/embeddings", json={"input": "alone"}).status_code == 200
