@@ -16,6 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from deployments.runtime.packed_linear import pack_model
+
 GraphFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # (rows, longest, shortest) of the check batches: padded and unpadded, one row, one token.
@@ -118,19 +120,24 @@ def traced_head(
     normalize: bool,
     device: torch.device,
     sep_id: int | None = None,
+    pack: bool = False,
 ) -> GraphFn:
-    """The traced, frozen head, verified against the eager one on ``CHECK_SHAPES``."""
+    """The traced, frozen head, verified against the eager one on ``CHECK_SHAPES``. ``pack``: its linear
+    layers' weights packed once (``packed_linear``; the model is changed in place), verified the same
+    way: the references come from the model as loaded."""
     eager = _Head(model, task, pooling, normalize, sep_id).eval()
     vocab = int(getattr(model.config, "vocab_size", 1000))
+    checks = [(shape, check_batch(*shape, vocab, device)) for shape in CHECK_SHAPES]
+    wanted = [eager(ids, mask) for _, (ids, mask) in checks]
+    if pack:
+        pack_model(model)
     example = check_batch(2, 8, 5, vocab, device)  # padded, so the mask path is what gets recorded
     with warnings.catch_warnings():
         # Shape-dependent Python branches become constants; the check below is what vouches for them.
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.freeze(torch.jit.trace(eager, tuple(example), check_trace=False).eval())
-    for shape in CHECK_SHAPES:
-        ids, mask = check_batch(*shape, vocab, device)
-        want, got = eager(ids, mask), traced(ids, mask)
-        compare_outputs(task, shape, want, got)
+    for (shape, (ids, mask)), want in zip(checks, wanted, strict=True):
+        compare_outputs(task, shape, want, traced(ids, mask))
     return traced
 
 

@@ -10,6 +10,7 @@ from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceCl
 
 from deployments.repository.manifest import ManifestError, ResolvedModel
 from deployments.runtime.cuda_memory import CacheRelease
+from deployments.runtime.packed_linear import packs
 from deployments.runtime.runner_base import BatchRunner
 from deployments.runtime.torch_graph import eager_head, traced_head
 from preprocess.tokenize import sep_token_id
@@ -65,7 +66,8 @@ class ModelRunner(BatchRunner):
         m = model.manifest
         sep = sep_token_id(model.tokenizer_file)
         if graph == "trace":
-            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device, sep)
+            pack = packs(device, DTYPES[model.precision])
+            self._head = traced_head(self.model, self.task, m.pooling, m.normalize, device, sep, pack)
         else:
             self._head = eager_head(self.model, self.task, m.pooling, m.normalize, sep)
         self.graph = graph
