@@ -247,7 +247,7 @@ class GenerationConfig(_Frozen):
     packed_weights: bool = Field(
         default=True,
         description="fp32 on CPU: run the model's linear layers on oneDNN with weights packed once at "
-        "load (deployments/runtime/generate/packed.py): faster small-batch decode steps than PyTorch's "
+        "load (deployments/runtime/packed_linear.py): faster small-batch decode steps than PyTorch's "
         "default kernel. Costs the linear weights' memory once more while loading; turn it off where "
         "memory is short. Ignored for other precisions and on a GPU.",
     )

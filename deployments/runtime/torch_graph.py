@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from deployments.runtime.packed_linear import pack_model
+from deployments.runtime.packed_linear import pack_linears
 
 GraphFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -130,7 +130,7 @@ def traced_head(
     checks = [(shape, check_batch(*shape, vocab, device)) for shape in CHECK_SHAPES]
     wanted = [eager(ids, mask) for _, (ids, mask) in checks]
     if pack:
-        pack_model(model)
+        pack_linears(model, script=True)
     example = check_batch(2, 8, 5, vocab, device)  # padded, so the mask path is what gets recorded
     with warnings.catch_warnings():
         # Shape-dependent Python branches become constants; the check below is what vouches for them.

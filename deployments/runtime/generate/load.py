@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from deployments.repository.manifest import ResolvedModel
-from deployments.runtime.generate.packed import pack_linears
 from deployments.runtime.generate.row_attention import use_row_groups
+from deployments.runtime.packed_linear import pack_linears, packs
 from deployments.runtime.torch_runner import pick_device
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -34,9 +34,11 @@ def load_causal_lm(
             model.manifest.name,
             model.precision,
         )
-    lm = lm.to(pick_device(device)).eval()
-    if packed and (swapped := pack_linears(lm)):
-        log.info("%s: %d linear layers on oneDNN packed weights", model.manifest.name, swapped)
+    target = pick_device(device)
+    lm = lm.to(target).eval()
+    # fp32 only: a decode step's few rows are where MKL's sgemm is slow; other precisions run as loaded.
+    if packed and packs(target, DTYPES[model.precision], (torch.float32,)):
+        pack_linears(lm)
     if row_groups and use_row_groups(lm):
         log.info("%s: decode attention by groups of rows", model.manifest.name)
     return lm

@@ -20,9 +20,9 @@ from transformers import (
 )
 
 from deployments.runtime.generate.engine import Engine, TokenEvent
-from deployments.runtime.generate.packed import pack_linears
 from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.generate.sampling import Sampling
+from deployments.runtime.packed_linear import pack_linears
 
 VOCAB = 500
 GREEDY = Sampling()

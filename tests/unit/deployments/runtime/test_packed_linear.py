@@ -1,6 +1,8 @@
-"""Linear weights packed once for oneDNN (CPU, bf16): the same products as ``nn.Linear``, every linear
-layer replaced (tied weights included), only where it applies, and checked at start against the model as
-loaded, so a packing that changed the outputs would refuse to start."""
+"""Linear weights packed once for oneDNN (deployments/runtime/packed_linear.py): the same products as
+``nn.Linear`` in fp32 and bf16, scripted or not; every linear layer swapped (GPT-2's ``Conv1D`` and tied
+weights included) with the model's numbers unchanged; packed only where each caller packs (generation:
+fp32, encoders: bf16, a CPU); and, for an encoder, checked at start against the model as loaded, so a
+packing that changed its outputs would refuse to start."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.pytorch_utils import Conv1D
 
 from deployments.config import ModelConfig
 from deployments.repository.resolve import resolve_model
@@ -16,27 +21,63 @@ from deployments.runtime import torch_graph
 from deployments.runtime.backends import create_runner
 from deployments.runtime.packed_linear import PackedLinear, pack_linears, packs
 from deployments.runtime.torch_graph import TraceMismatchError, traced_head
+from deployments.runtime.torch_runner import ENCODER_PACKS
 from deployments.tools.demo_models import DEMOS, VERSION, build
 from preprocess.tokenize import TextTokenizer
 from tests.support.vectors import row_cosines
+from tests.unit.deployments.runtime.generate_support import (  # noqa: F401 - fixtures
+    gpt2,
+    llama,
+    one_thread,
+    packed_copy,
+    prompt,
+)
 
 CPU = torch.device("cpu")
 pytestmark = pytest.mark.skipif(
-    not packs(CPU, torch.bfloat16), reason="this torch has no oneDNN linear to pack for"
+    not packs(CPU, torch.float32, (torch.float32,)), reason="this torch has no oneDNN linear op to pack for"
 )
 
 
+@pytest.mark.parametrize("script", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (3, 7, 48), (2, 1, 48)])
-def test_packed_linear_computes_what_linear_does(shape: tuple[int, ...], bias: bool) -> None:
+def test_a_packed_layer_is_a_linear_on_any_leading_shape(
+    bias: bool, dtype: torch.dtype, script: bool
+) -> None:
     torch.manual_seed(0)
-    linear = torch.nn.Linear(48, 96, bias=bias).to(torch.bfloat16)
-    x = torch.randn(*shape).to(torch.bfloat16)
+    linear = nn.Linear(48, 96, bias=bias).to(dtype)
+    layer = PackedLinear(linear.weight, linear.bias)
+    packed = torch.jit.script(layer) if script else layer
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    for shape in [(1, 48), (7, 48), (3, 7, 48), (2, 1, 48), (300, 48)]:
+        x = torch.randn(*shape).to(dtype)
+        with torch.inference_mode():
+            want, got = linear(x), packed(x)
+        assert got.shape == want.shape and got.dtype == dtype
+        torch.testing.assert_close(got.float(), want.float(), atol=tolerance, rtol=tolerance)
+
+
+def _linears(model: nn.Module) -> int:
+    return sum(isinstance(m, nn.Linear | Conv1D) for m in model.modules())
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_every_linear_layer_of_a_causal_lm_is_swapped_and_the_logits_agree(
+    arch: str, request: pytest.FixtureRequest
+) -> None:
+    model: PreTrainedModel = request.getfixturevalue(arch)
+    before = _linears(model)
+    packed = packed_copy(model)
+    assert before > 0 and _linears(packed) == 0
+    assert sum(isinstance(m, PackedLinear) for m in packed.modules()) == before
+    ids = torch.tensor([prompt(40, seed=5), prompt(40, seed=6)])
     with torch.inference_mode():
-        want = linear(x)
-        got = torch.jit.script(PackedLinear(linear))(x)
-    assert got.shape == want.shape and got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+        want = model(input_ids=ids).logits
+        got = packed(input_ids=ids).logits
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert _linears(model) == before  # the original is untouched
 
 
 class _Tied(torch.nn.Module):
@@ -59,17 +100,34 @@ def test_every_linear_is_replaced_and_a_tied_embedding_keeps_its_weight() -> Non
     embedding = model.embed.weight.detach().clone()
     with torch.inference_mode():
         want = model(ids)
-    assert pack_linears(model) == 2
+    assert pack_linears(model, script=True) == 2
     assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert torch.equal(model.embed.weight, embedding)
     with torch.inference_mode():
         torch.testing.assert_close(model(ids).float(), want.float(), atol=5e-2, rtol=2e-2)
 
 
-def test_only_a_cpu_in_bf16_packs() -> None:
-    assert packs(CPU, torch.bfloat16)
-    assert not packs(CPU, torch.float32)  # oneDNN's packed op is not faster there at every shape
-    assert not packs(torch.device("cuda"), torch.bfloat16)
+def test_each_caller_packs_its_precision_on_a_cpu_only() -> None:
+    generation = (torch.float32,)
+    assert packs(CPU, torch.float32, generation) and not packs(CPU, torch.bfloat16, generation)
+    assert packs(CPU, torch.bfloat16, ENCODER_PACKS) and not packs(CPU, torch.float32, ENCODER_PACKS)
+    assert not packs(torch.device("cuda"), torch.bfloat16, ENCODER_PACKS)
+    assert not packs(torch.device("cuda"), torch.float32, generation)
+
+
+def test_a_generate_model_in_bf16_loads_unpacked(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Generation packs fp32 only: a bf16 causal LM runs as loaded, whatever packed_weights says."""
+    from types import SimpleNamespace
+
+    from deployments.runtime.generate.load import load_causal_lm
+
+    request.getfixturevalue("gpt2").save_pretrained(tmp_path)
+    for precision, linears in (("bf16", True), ("fp32", False)):
+        model = SimpleNamespace(
+            weights_dir=tmp_path, precision=precision, manifest=SimpleNamespace(name="tiny-gpt2")
+        )
+        lm = load_causal_lm(model, "cpu", packed=True)  # type: ignore[arg-type]
+        assert (_linears(lm) > 0) == linears
 
 
 def test_the_runner_packs_bf16_traced_graphs_only() -> None:
@@ -89,12 +147,13 @@ def test_a_packing_that_changes_outputs_refuses_to_start(monkeypatch) -> None:
     model = resolve_model(ModelConfig(precision="bf16"), hash_files=False)
     runner = create_runner(model, "cpu", graph="eager")  # an unpacked bf16 model to trace again
 
-    def corrupting(module: torch.nn.Module) -> None:
+    def corrupting(module: torch.nn.Module, script: bool = False) -> int:
         first = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
         with torch.no_grad():
             first.weight.mul_(2.0)
+        return 1
 
-    monkeypatch.setattr(torch_graph, "pack_model", corrupting)
+    monkeypatch.setattr(torch_graph, "pack_linears", corrupting)
     with pytest.raises(TraceMismatchError, match="cosine"):
         traced_head(runner.model, "embed", "mean", True, CPU, pack=True)
 
