@@ -18,13 +18,13 @@ import torch
 
 from deployments.config import ModelConfig
 from deployments.repository.resolve import resolve_model
-from deployments.runtime.torch_graph import traced_head
+from deployments.runtime.torch_graph import GraphFn, traced_head
 from deployments.runtime.torch_runner import DTYPES, MODEL_CLASSES
 
 SHAPES = ((1, 8), (1, 40), (1, 128), (8, 40), (32, 128))  # (rows, tokens)
 
 
-def _graph(config: ModelConfig, pack: bool):  # a TorchScript function
+def _graph(config: ModelConfig, pack: bool) -> GraphFn:
     model = resolve_model(config, hash_files=False)
     manifest = model.manifest
     cls = MODEL_CLASSES[manifest.task]
@@ -33,7 +33,7 @@ def _graph(config: ModelConfig, pack: bool):  # a TorchScript function
     return traced_head(lm, manifest.task, manifest.pooling, manifest.normalize, cpu, pack=pack)
 
 
-def _time(graph, rows: int, tokens: int, reps: int) -> list[float]:
+def _time(graph: GraphFn, rows: int, tokens: int, reps: int) -> list[float]:
     ids = torch.randint(1000, 20000, (rows, tokens))
     mask = torch.ones(rows, tokens, dtype=torch.int64)
     out = []

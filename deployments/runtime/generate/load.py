@@ -10,9 +10,8 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from deployments.repository.manifest import ResolvedModel
 from deployments.runtime.generate.row_attention import use_row_groups
 from deployments.runtime.packed_linear import pack_linears, packs
-from deployments.runtime.torch_runner import pick_device
+from deployments.runtime.torch_runner import DTYPES, pick_device
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 log = logging.getLogger("textserve.generate")
 
 
